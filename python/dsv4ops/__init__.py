@@ -1,0 +1,38 @@
+"""dsv4ops: DeepSeek-V4 attention-path kernels as torch.ops.dsv4.*, for AMD Instinct (gfx942 FNUZ,
+gfx950 OCP), NVIDIA sm_90a and the CPU.
+
+Importing the package loads the compiled ops (torch must be imported first: the extension links
+libtorch through torch's own folder) and registers their fake implementations for torch.compile.
+"""
+
+import torch  # noqa: F401  (must precede the extension)
+
+from . import _ops  # noqa: F401  (loads dsv4ops._C, registers torch.ops.dsv4.*)
+from . import _fake  # noqa: F401
+from ._version import __version__
+from .dispatch import explain, fallback_counts
+from .fp8 import (
+    e4m3fn_to_fnuz,
+    float_to_ue8m0_lossless,
+    fp8_block_dequantize,
+    fp8_encode,
+    ue8m0_to_float,
+)
+from .platform import Fp8Format, build_info, device_arch, fp8_dtype, fp8_format, quant_max
+
+__all__ = [
+    "__version__",
+    "Fp8Format",
+    "build_info",
+    "device_arch",
+    "e4m3fn_to_fnuz",
+    "explain",
+    "fallback_counts",
+    "float_to_ue8m0_lossless",
+    "fp8_block_dequantize",
+    "fp8_dtype",
+    "fp8_encode",
+    "fp8_format",
+    "quant_max",
+    "ue8m0_to_float",
+]

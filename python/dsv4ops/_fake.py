@@ -1,0 +1,36 @@
+"""Fake (meta) implementations of every dsv4 op: shapes and dtypes only, for torch.compile and opcheck."""
+
+import torch
+
+from .platform import Fp8Format
+
+
+@torch.library.register_fake("dsv4::ue8m0_to_float")
+def _ue8m0_to_float(scale):
+    return torch.empty_like(scale, dtype=torch.float32)
+
+
+@torch.library.register_fake("dsv4::float_to_ue8m0_lossless")
+def _float_to_ue8m0_lossless(scale):
+    return torch.empty_like(scale, dtype=torch.uint8), torch.empty_like(scale, dtype=torch.uint8)
+
+
+@torch.library.register_fake("dsv4::fp8_encode")
+def _fp8_encode(x, fp8_format, quant_max):
+    return torch.empty_like(x, dtype=Fp8Format(fp8_format).torch_dtype)
+
+
+@torch.library.register_fake("dsv4::fp8_block_dequantize")
+def _fp8_block_dequantize(x, scale, block_rows, block_cols, fp8_format, out_dtype):
+    return torch.empty_like(x, dtype=out_dtype)
+
+
+@torch.library.register_fake("dsv4::e4m3fn_to_fnuz")
+def _e4m3fn_to_fnuz(weight, scale):
+    weight_dtype = torch.float8_e4m3fnuz if weight.dtype == torch.float8_e4m3fn else weight.dtype
+    return torch.empty_like(weight, dtype=weight_dtype), torch.empty_like(scale)
+
+
+@torch.library.register_fake("dsv4::e4m3fn_to_fnuz_")
+def _e4m3fn_to_fnuz_inplace(weight, scale):
+    return None

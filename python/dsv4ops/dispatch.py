@@ -1,0 +1,125 @@
+"""Which implementation serves a call: the native kernel or the PyTorch reference.
+
+For each op and call, in order:
+  1. selected  -- DSV4OPS_DISABLE=op1,op2 (or 'all') sends the op to the reference;
+                  DSV4OPS_FORCE=op1,op2 (or 'all') demands the kernel and raises if it cannot run;
+  2. built     -- the build has a kernel for the tensor's device (the CPU kernels are always built);
+  3. supported -- the op's own check of this call (shape, dtype) passes.
+A fallback is logged once per (op, reason) on the 'dsv4ops' logger and counted (fallback_counts()).
+explain(op, device) returns the decision with its trail without running anything.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import logging
+import os
+from typing import Callable, Optional
+
+import torch
+
+from . import platform
+
+logger = logging.getLogger("dsv4ops")
+
+KERNEL = "kernel"
+REFERENCE = "reference"
+
+_fallbacks: collections.Counter = collections.Counter()
+_logged: set = set()
+
+
+@dataclasses.dataclass(frozen=True)
+class Decision:
+    op: str
+    device: str
+    arch: str
+    path: str  # KERNEL or REFERENCE
+    reason: Optional[str]  # why the reference was chosen; None for the kernel
+    trail: tuple  # one line per step
+
+    @property
+    def uses_kernel(self) -> bool:
+        return self.path == KERNEL
+
+
+def _env_ops(name: str) -> set:
+    return {part.strip() for part in os.environ.get(name, "").split(",") if part.strip()}
+
+
+def _named(op: str, names: set) -> bool:
+    return "all" in names or op in names
+
+
+def decide(op: str, device, supported: Optional[Callable[[], Optional[str]]] = None) -> Decision:
+    """Decide the path for `op` on `device`; `supported()` returns None or the reason it cannot run."""
+    device = torch.device(device)
+    arch = platform.device_arch(device)
+    trail = []
+    forced = _named(op, _env_ops("DSV4OPS_FORCE"))
+
+    def fallback(reason: str) -> Decision:
+        if forced:
+            built = ", ".join(platform.BUILD_INFO["gpu_archs"]) or "none (CPU-only build)"
+            raise RuntimeError(
+                f"dsv4ops: {op} is forced by DSV4OPS_FORCE but its kernel cannot run on {device} ({arch}): "
+                f"{reason}. This build ({platform.BUILD_INFO['backend']}) has GPU archs: {built}. "
+                f"Rebuild with: {platform.rebuild_command(arch)}"
+            )
+        trail.append(f"-> reference: {reason}")
+        return Decision(op, str(device), arch, REFERENCE, reason, tuple(trail))
+
+    if _named(op, _env_ops("DSV4OPS_DISABLE")) and not forced:
+        trail.append("selected: no (DSV4OPS_DISABLE)")
+        return fallback("disabled by DSV4OPS_DISABLE")
+    trail.append("selected: yes" + (" (forced by DSV4OPS_FORCE)" if forced else ""))
+
+    built = platform.built_arch_for(arch)
+    if built is None:
+        trail.append(f"built: no kernel for {arch}")
+        return fallback(
+            f"no kernel built for {arch} (backend {platform.BUILD_INFO['backend']}, "
+            f"archs {platform.BUILD_INFO['gpu_archs'] or 'none'})"
+        )
+    trail.append(f"built: yes ({built})")
+
+    if supported is not None:
+        reason = supported()
+        if reason is not None:
+            trail.append(f"supported: no ({reason})")
+            return fallback(reason)
+    trail.append("supported: yes")
+    trail.append("-> kernel")
+    return Decision(op, str(device), arch, KERNEL, None, tuple(trail))
+
+
+def record(decision: Decision) -> Decision:
+    """Counts and logs (once per op and reason) a fallback decision; returns the decision."""
+    if not decision.uses_kernel:
+        key = (decision.op, decision.reason)
+        _fallbacks[key] += 1
+        if key not in _logged:
+            _logged.add(key)
+            logger.warning("dsv4ops: %s on %s uses the PyTorch reference: %s", decision.op, decision.arch,
+                           decision.reason)
+    return decision
+
+
+def choose(op: str, device, supported: Optional[Callable[[], Optional[str]]] = None) -> Decision:
+    return record(decide(op, device, supported))
+
+
+def explain(op: str, device="cpu") -> Decision:
+    """The decision (with its trail) for `op` on `device`, without running or logging anything."""
+    return decide(op, device)
+
+
+def fallback_counts() -> dict:
+    """{(op, reason): number of calls served by the reference} since import or reset_fallbacks()."""
+    return dict(_fallbacks)
+
+
+def reset_fallbacks() -> None:
+    _fallbacks.clear()
+    _logged.clear()

@@ -1,0 +1,13 @@
+"""Pure-PyTorch implementations of the dsv4 ops: the executable spec, the test oracle, and the fallback
+on devices without a native kernel. Written for clarity (float64 arithmetic, no bit tricks shared with
+the kernels), so that agreement with the kernels means something."""
+
+from .fp8 import (  # noqa: F401
+    e4m3fn_to_fnuz,
+    float_to_ue8m0_lossless,
+    fp8_block_dequantize,
+    fp8_decode,
+    fp8_encode,
+    ue8m0_encode_rceil,
+    ue8m0_to_float,
+)

@@ -1,0 +1,77 @@
+#include "common.h"
+
+#include <sstream>
+
+namespace dsv4::bindings {
+
+std::string dtype_name(ScalarType type) {
+  switch (type) {
+    case ScalarType::Byte: return "uint8";
+    case ScalarType::Char: return "int8";
+    case ScalarType::Short: return "int16";
+    case ScalarType::Int: return "int32";
+    case ScalarType::Long: return "int64";
+    case ScalarType::Half: return "float16";
+    case ScalarType::Float: return "float32";
+    case ScalarType::Double: return "float64";
+    case ScalarType::BFloat16: return "bfloat16";
+    case ScalarType::Bool: return "bool";
+    case ScalarType::Float8_e4m3fn: return "float8_e4m3fn";
+    case ScalarType::Float8_e4m3fnuz: return "float8_e4m3fnuz";
+    case ScalarType::Float8_e5m2: return "float8_e5m2";
+    case ScalarType::Float8_e5m2fnuz: return "float8_e5m2fnuz";
+    case ScalarType::Float8_e8m0fnu: return "float8_e8m0fnu";
+    default: return "dtype#" + std::to_string(static_cast<int>(type));
+  }
+}
+
+std::string shape_string(const Tensor& t) {
+  std::ostringstream s;
+  s << "[";
+  for (int64_t d = 0; d < t.dim(); ++d) s << (d ? ", " : "") << t.size(d);
+  s << "]";
+  return s.str();
+}
+
+std::string device_string(const Tensor& t) {
+  if (t.is_cpu()) return "cpu";
+  return (t.is_cuda() ? std::string("cuda:") : std::string("device:")) + std::to_string(t.get_device_index());
+}
+
+void check_dtype(const Tensor& t, const char* op, const char* arg, std::initializer_list<ScalarType> allowed) {
+  const ScalarType actual = t.scalar_type();
+  std::string expected;
+  for (ScalarType type : allowed) {
+    if (type == actual) return;
+    expected += (expected.empty() ? "" : " or ") + dtype_name(type);
+  }
+  STD_TORCH_CHECK(false, op, ": ", arg, " must have dtype ", expected, ", got ", dtype_name(actual));
+}
+
+void check_contiguous(const Tensor& t, const char* op, const char* arg) {
+  STD_TORCH_CHECK(t.is_contiguous(), op, ": ", arg, " must be contiguous (shape ", shape_string(t),
+                  "); call .contiguous() first");
+}
+
+void check_same_device(const Tensor& a, const char* arg_a, const Tensor& b, const char* arg_b, const char* op) {
+  const bool same = a.is_cpu() == b.is_cpu() && (a.is_cpu() || a.get_device_index() == b.get_device_index());
+  STD_TORCH_CHECK(same, op, ": ", arg_a, " and ", arg_b, " must be on the same device, got ", device_string(a),
+                  " and ", device_string(b));
+}
+
+Fp8Format checked_fp8_format(int64_t value, const char* op) {
+  STD_TORCH_CHECK(value == static_cast<int64_t>(Fp8Format::kOCP) || value == static_cast<int64_t>(Fp8Format::kFNUZ),
+                  op, ": fp8_format must be 0 (OCP e4m3fn) or 1 (FNUZ e4m3fnuz), got ", value);
+  return static_cast<Fp8Format>(value);
+}
+
+ScalarType fp8_dtype(Fp8Format format) {
+  return format == Fp8Format::kFNUZ ? ScalarType::Float8_e4m3fnuz : ScalarType::Float8_e4m3fn;
+}
+
+void check_launch(LaunchStatus status, const char* op) {
+  STD_TORCH_CHECK(status == LaunchStatus::kOk, op, ": kernel launch failed (",
+                  status == LaunchStatus::kInvalidArgument ? "invalid argument" : "runtime error", ")");
+}
+
+}  // namespace dsv4::bindings

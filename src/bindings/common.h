@@ -1,0 +1,61 @@
+// Shared helpers of the torch-facing layer: input checks with messages that name the argument, the
+// expected and the actual value, and the CPU/GPU launch split. Only src/bindings includes torch.
+#pragma once
+
+#include <torch/csrc/inductor/aoti_torch/c/shim.h>
+#include <torch/csrc/stable/accelerator.h>
+#include <torch/csrc/stable/library.h>
+#include <torch/csrc/stable/ops.h>
+#include <torch/csrc/stable/tensor.h>
+#include <torch/headeronly/core/ScalarType.h>
+#include <torch/headeronly/util/Exception.h>
+
+#include <initializer_list>
+#include <string>
+#include <vector>
+
+#include "dsv4/fp8.h"
+#include "dsv4/platform.h"
+
+namespace dsv4::bindings {
+
+using torch::headeronly::ScalarType;
+using torch::stable::Tensor;
+
+std::string dtype_name(ScalarType type);
+std::string shape_string(const Tensor& t);
+std::string device_string(const Tensor& t);
+
+void check_dtype(const Tensor& t, const char* op, const char* arg, std::initializer_list<ScalarType> allowed);
+void check_contiguous(const Tensor& t, const char* op, const char* arg);
+void check_same_device(const Tensor& a, const char* arg_a, const Tensor& b, const char* arg_b, const char* op);
+Fp8Format checked_fp8_format(int64_t value, const char* op);
+ScalarType fp8_dtype(Fp8Format format);
+
+// Elements per CPU task: small tensors stay on one thread.
+inline constexpr int64_t kCpuGrain = 1 << 15;
+
+void check_launch(LaunchStatus status, const char* op);
+
+// Runs cpu(begin, end) over [0, n) on the CPU threads, or gpu(stream) on the current stream of the
+// device that `on` lives on. Nothing runs when n == 0.
+template <class CpuFn, class GpuFn>
+void run_on_device(const Tensor& on, int64_t n, const char* op, CpuFn&& cpu, GpuFn&& gpu) {
+  if (n == 0) return;
+  if (on.is_cpu()) {
+    torch::stable::parallel_for(0, n, kCpuGrain, [&](int64_t begin, int64_t end) { cpu(begin, end); });
+    return;
+  }
+#if defined(DSV4OPS_WITH_GPU)
+  const int32_t device = on.get_device_index();
+  torch::stable::accelerator::DeviceGuard guard(device);
+  void* stream = nullptr;
+  TORCH_ERROR_CODE_CHECK(aoti_torch_get_current_cuda_stream(device, &stream));
+  check_launch(gpu(stream), op);
+#else
+  (void)gpu;
+  STD_TORCH_CHECK(false, op, ": this dsv4ops build has no GPU backend; got a tensor on ", device_string(on));
+#endif
+}
+
+}  // namespace dsv4::bindings

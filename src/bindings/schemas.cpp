@@ -1,0 +1,15 @@
+// Every dsv4 op schema, in one place. Semantics: ../../shared/spec and README's op table.
+// Encodings are passed as int fp8_format: 0 = OCP e4m3fn, 1 = FNUZ e4m3fnuz (dsv4::Fp8Format).
+#include "common.h"
+
+STABLE_TORCH_LIBRARY(dsv4, m) {
+  // FP8 / UE8M0 conversions (spec/kv_cache.md §7-§8, spec/wo_a.md §5.3).
+  m.def("ue8m0_to_float(Tensor scale) -> Tensor");
+  m.def("float_to_ue8m0_lossless(Tensor scale) -> (Tensor bytes, Tensor refusal)");
+  m.def("fp8_encode(Tensor x, int fp8_format, float quant_max) -> Tensor");
+  m.def(
+      "fp8_block_dequantize(Tensor x, Tensor scale, int block_rows, int block_cols, int fp8_format, "
+      "ScalarType out_dtype) -> Tensor");
+  m.def("e4m3fn_to_fnuz(Tensor weight, Tensor scale) -> (Tensor weight_fnuz, Tensor scale_fnuz)");
+  m.def("e4m3fn_to_fnuz_(Tensor(a!) weight, Tensor(b!) scale) -> ()");
+}

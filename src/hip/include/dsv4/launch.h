@@ -1,0 +1,31 @@
+// Launch helpers for elementwise kernels (device builds only). Torch-free.
+#pragma once
+
+#include "dsv4/platform.h"
+
+#if DSV4_GPU_COMPILER
+namespace dsv4 {
+
+inline constexpr int kElementwiseThreads = 256;
+// Grid-stride loops cover the rest; the cap keeps the grid within every runtime's limits without a
+// per-call device query.
+inline constexpr int64_t kMaxElementwiseBlocks = 1 << 16;
+
+inline unsigned elementwise_blocks(int64_t work_items) {
+  int64_t blocks = (work_items + kElementwiseThreads - 1) / kElementwiseThreads;
+  if (blocks > kMaxElementwiseBlocks) blocks = kMaxElementwiseBlocks;
+  return static_cast<unsigned>(blocks < 1 ? 1 : blocks);
+}
+
+inline LaunchStatus last_launch_status() {
+  return hipGetLastError() == hipSuccess ? LaunchStatus::kOk : LaunchStatus::kLaunchFailed;
+}
+
+DSV4_DEVICE int64_t global_thread_index() {
+  return static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+}
+
+DSV4_DEVICE int64_t global_thread_count() { return static_cast<int64_t>(gridDim.x) * blockDim.x; }
+
+}  // namespace dsv4
+#endif

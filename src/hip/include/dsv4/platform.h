@@ -1,0 +1,67 @@
+// Portability layer for dsv4ops kernels: one source compiles as HIP (clang, gfx942/gfx950), as CUDA
+// (nvcc, sm_90a) and as plain host C++ (the CPU backend and the C++ tests). Torch-free.
+#pragma once
+
+#include <cstdint>
+
+#if defined(__HIPCC__)
+#include <hip/hip_runtime.h>
+#define DSV4_GPU_COMPILER 1
+#elif defined(__CUDACC__)
+#include <cuda_runtime.h>
+#define DSV4_GPU_COMPILER 1
+// The HIP runtime names kernels and launchers use, mapped onto CUDA.
+using hipStream_t = cudaStream_t;
+using hipError_t = cudaError_t;
+#define hipSuccess cudaSuccess
+#define hipGetLastError cudaGetLastError
+#define hipGetErrorString cudaGetErrorString
+#define hipLaunchKernelGGL(kernel, grid, block, shmem, stream, ...) \
+  kernel<<<(grid), (block), (shmem), (stream)>>>(__VA_ARGS__)
+#else
+#define DSV4_GPU_COMPILER 0
+#endif
+
+#if DSV4_GPU_COMPILER
+#define DSV4_HD __host__ __device__ __forceinline__
+#define DSV4_DEVICE __device__ __forceinline__
+#else
+#define DSV4_HD inline
+#define DSV4_DEVICE inline
+#endif
+
+// True only in a device compilation pass (never in the host pass of a GPU build).
+#if defined(__HIP_DEVICE_COMPILE__) || defined(__CUDA_ARCH__)
+#define DSV4_DEVICE_PASS 1
+#else
+#define DSV4_DEVICE_PASS 0
+#endif
+
+namespace dsv4 {
+
+// Threads per warp/wavefront of the device pass being compiled: 64 on the CDNA chips dsv4ops targets
+// (gfx942, gfx950), 32 on NVIDIA. Host code must not size launches with it: a fat binary holds both.
+#if defined(__HIP_PLATFORM_AMD__) || defined(__AMDGCN__)
+inline constexpr int kWarpSize = 64;
+#else
+inline constexpr int kWarpSize = 32;
+#endif
+
+// Result of a raw-pointer launcher. The bindings turn anything but kOk into a Python exception.
+enum class LaunchStatus : int {
+  kOk = 0,
+  kInvalidArgument = 1,  // a size or pointer the launcher cannot serve (the bindings check first)
+  kLaunchFailed = 2,     // the runtime refused the launch
+};
+
+DSV4_HD uint32_t float_bits(float x) {
+  union { float f; uint32_t u; } v{x};
+  return v.u;
+}
+
+DSV4_HD float bits_float(uint32_t u) {
+  union { uint32_t u; float f; } v{u};
+  return v.f;
+}
+
+}  // namespace dsv4
