@@ -25,6 +25,14 @@ std::string dtype_name(ScalarType type) {
   }
 }
 
+ScalarType dtype_of(const Tensor& t) {
+  int32_t code = 0;
+  TORCH_ERROR_CODE_CHECK(aoti_torch_get_dtype(t.get(), &code));
+  // The shim's dtype codes are c10::ScalarType's values; the 2.10 ABI has no name for this one yet.
+  if (code == static_cast<int32_t>(ScalarType::Float8_e8m0fnu)) return ScalarType::Float8_e8m0fnu;
+  return t.scalar_type();
+}
+
 std::string shape_string(const Tensor& t) {
   std::ostringstream s;
   s << "[";
@@ -39,7 +47,7 @@ std::string device_string(const Tensor& t) {
 }
 
 void check_dtype(const Tensor& t, const char* op, const char* arg, std::initializer_list<ScalarType> allowed) {
-  const ScalarType actual = t.scalar_type();
+  const ScalarType actual = dtype_of(t);
   std::string expected;
   for (ScalarType type : allowed) {
     if (type == actual) return;

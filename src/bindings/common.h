@@ -23,6 +23,8 @@ using torch::headeronly::ScalarType;
 using torch::stable::Tensor;
 
 std::string dtype_name(ScalarType type);
+// t.scalar_type(), except that float8_e8m0fnu (which the 2.10 stable ABI cannot name) is recognized too.
+ScalarType dtype_of(const Tensor& t);
 std::string shape_string(const Tensor& t);
 std::string device_string(const Tensor& t);
 

@@ -19,7 +19,7 @@ std::vector<int64_t> sizes_of(const Tensor& t) {
 }
 
 ScaleKind scale_kind_of(const Tensor& scale) {
-  return scale.scalar_type() == ScalarType::Float ? ScaleKind::kFloat32 : ScaleKind::kUe8m0;
+  return dtype_of(scale) == ScalarType::Float ? ScaleKind::kFloat32 : ScaleKind::kUe8m0;
 }
 
 FloatKind float_kind_of(ScalarType type) {
@@ -81,7 +81,7 @@ Tensor fp8_encode(const Tensor& x, int64_t fp8_format, double quant_max) {
   Tensor out = torch::stable::new_empty(x, sizes_of(x), fp8_dtype(format));
   const void* in = x.data_ptr();
   auto* dst = static_cast<uint8_t*>(out.data_ptr());
-  const FloatKind kind = float_kind_of(x.scalar_type());
+  const FloatKind kind = float_kind_of(dtype_of(x));
   const float qmax = static_cast<float>(quant_max);
   run_on_device(
       x, x.numel(), kOp, [&](int64_t b, int64_t e) { cpu::fp8_encode(in, kind, dst, format, qmax, b, e); },
@@ -189,9 +189,9 @@ std::tuple<Tensor, Tensor> e4m3fn_to_fnuz(const Tensor& weight, const Tensor& sc
   constexpr const char* kOp = "dsv4.e4m3fn_to_fnuz";
   check_e4m3fn_to_fnuz_inputs(weight, scale, kOp);
   const ScalarType weight_dtype =
-      weight.scalar_type() == ScalarType::Float8_e4m3fn ? ScalarType::Float8_e4m3fnuz : ScalarType::Byte;
+      dtype_of(weight) == ScalarType::Float8_e4m3fn ? ScalarType::Float8_e4m3fnuz : ScalarType::Byte;
   Tensor weight_out = torch::stable::new_empty(weight, sizes_of(weight), weight_dtype);
-  Tensor scale_out = torch::stable::new_empty(scale, sizes_of(scale), scale.scalar_type());
+  Tensor scale_out = torch::stable::empty_like(scale);  // keeps float8_e8m0fnu without naming it
   e4m3fn_to_fnuz_into(weight, scale, weight_out, scale_out, kOp);
   return {weight_out, scale_out};
 }

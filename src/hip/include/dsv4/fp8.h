@@ -144,7 +144,7 @@ DSV4_DEVICE uint8_t fp8_encode_ocp_ptx(float x) {
 
 // Whether fp8_encode<F> uses a conversion instruction in the pass being compiled.
 template <Fp8Format F>
-constexpr bool fp8_encode_uses_hardware() {
+DSV4_HD constexpr bool fp8_encode_uses_hardware() {
 #if defined(DSV4_FP8_SOFTWARE_ONLY) || !DSV4_DEVICE_PASS
   return false;
 #elif defined(__gfx942__)

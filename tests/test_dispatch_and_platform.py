@@ -1,0 +1,111 @@
+"""dispatch (selected -> built -> supported, logging, forcing) and platform facts, with simulated archs."""
+
+import logging
+
+import pytest
+import torch
+
+import dsv4ops
+from dsv4ops import Fp8Format, dispatch, platform
+
+
+@pytest.fixture
+def simulate_arch(monkeypatch):
+    def simulate(arch, built_archs=None, backend=None):
+        monkeypatch.setattr(platform, "device_arch", lambda device: arch)
+        if built_archs is not None:
+            info = dict(platform.BUILD_INFO, gpu_archs=built_archs, backend=backend or "cuda")
+            monkeypatch.setattr(platform, "BUILD_INFO", info)
+    return simulate
+
+
+@pytest.mark.parametrize(
+    "arch,fmt,qmax,dtype",
+    [("gfx942", Fp8Format.FNUZ, 224.0, torch.float8_e4m3fnuz), ("gfx950", Fp8Format.OCP, 448.0, torch.float8_e4m3fn),
+     ("sm_90", Fp8Format.OCP, 448.0, torch.float8_e4m3fn), ("cpu", Fp8Format.OCP, 448.0, torch.float8_e4m3fn)],
+)
+def test_platform_facts_per_arch(simulate_arch, arch, fmt, qmax, dtype):
+    simulate_arch(arch)
+    assert platform.fp8_format("cpu") is fmt
+    assert platform.quant_max("cpu") == qmax
+    assert platform.fp8_dtype("cpu") == dtype
+
+
+def test_real_cpu_device():
+    assert dsv4ops.device_arch("cpu") == "cpu"
+    assert dsv4ops.fp8_format(torch.device("cpu")) is Fp8Format.OCP
+
+
+@pytest.mark.parametrize(
+    "built,arch,expected",
+    [(["sm_90a"], "sm_90", "sm_90a"), (["sm_90a"], "sm_89", None), (["sm_90"], "sm_90", "sm_90"),
+     (["gfx942", "gfx950"], "gfx950", "gfx950"), (["gfx942"], "gfx950", None), ([], "sm_90", None),
+     ([], "cpu", "cpu")],
+)
+def test_built_arch_for(monkeypatch, built, arch, expected):
+    monkeypatch.setattr(platform, "BUILD_INFO", dict(platform.BUILD_INFO, gpu_archs=built))
+    assert platform.built_arch_for(arch) == expected
+
+
+def test_fp8_format_parse():
+    assert Fp8Format.parse("fnuz") is Fp8Format.FNUZ
+    assert Fp8Format.parse("OCP") is Fp8Format.OCP
+    assert Fp8Format.parse(torch.float8_e4m3fnuz) is Fp8Format.FNUZ
+    assert Fp8Format.parse(1) is Fp8Format.FNUZ
+    for bad in ("e5m2", 2, True, torch.float8_e5m2, 1.0):
+        with pytest.raises(ValueError, match="fp8_format"):
+            Fp8Format.parse(bad)
+
+
+def test_kernel_on_cpu_with_trail():
+    decision = dsv4ops.explain("fp8_encode", "cpu")
+    assert decision.uses_kernel and decision.reason is None
+    assert decision.trail == ("selected: yes", "built: yes (cpu)", "supported: yes", "-> kernel")
+
+
+def test_disable_sends_to_reference_logs_once_and_counts(monkeypatch, caplog):
+    monkeypatch.setenv("DSV4OPS_DISABLE", "fp8_encode,ue8m0_to_float")
+    x = torch.tensor([1000.0, -3.0])
+    with caplog.at_level(logging.WARNING, logger="dsv4ops"):
+        first = dsv4ops.fp8_encode(x)
+        dsv4ops.fp8_encode(x)
+        dsv4ops.ue8m0_to_float(torch.tensor([127], dtype=torch.uint8))
+    assert first.float().tolist() == [448.0, -3.0]  # the reference gives the same answer
+    messages = [r.getMessage() for r in caplog.records]
+    assert sum("fp8_encode" in m for m in messages) == 1
+    assert any("disabled by DSV4OPS_DISABLE" in m for m in messages)
+    counts = dsv4ops.fallback_counts()
+    assert counts[("fp8_encode", "disabled by DSV4OPS_DISABLE")] == 2
+    assert counts[("ue8m0_to_float", "disabled by DSV4OPS_DISABLE")] == 1
+    assert dsv4ops.explain("fp8_block_dequantize").uses_kernel
+
+
+def test_disable_all(monkeypatch):
+    monkeypatch.setenv("DSV4OPS_DISABLE", "all")
+    assert not dsv4ops.explain("e4m3fn_to_fnuz").uses_kernel
+
+
+def test_unbuilt_arch_falls_back_with_reason(simulate_arch):
+    simulate_arch("gfx942", built_archs=["sm_90a"])
+    decision = dsv4ops.explain("fp8_block_dequantize", "cpu")
+    assert not decision.uses_kernel
+    assert "no kernel built for gfx942" in decision.reason
+    assert decision.trail[-1].startswith("-> reference")
+
+
+def test_force_unbuilt_arch_raises_with_rebuild_command(simulate_arch, monkeypatch):
+    simulate_arch("gfx942", built_archs=["sm_90a"])
+    monkeypatch.setenv("DSV4OPS_FORCE", "fp8_encode")
+    with pytest.raises(RuntimeError) as error:
+        dsv4ops.fp8_encode(torch.zeros(2))
+    message = str(error.value)
+    assert "gfx942" in message and "sm_90a" in message
+    assert "DSV4OPS_BACKEND=rocm DSV4OPS_GPU_ARCHS=gfx942 pip install --no-build-isolation ." in message
+
+
+def test_force_beats_disable_and_unsupported_raises(monkeypatch):
+    monkeypatch.setenv("DSV4OPS_DISABLE", "all")
+    monkeypatch.setenv("DSV4OPS_FORCE", "fp8_encode")
+    assert dsv4ops.explain("fp8_encode").uses_kernel
+    with pytest.raises(RuntimeError, match="input dtype torch.float16"):
+        dsv4ops.fp8_encode(torch.zeros(2, dtype=torch.float16))
