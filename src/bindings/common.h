@@ -41,11 +41,13 @@ void check_launch(LaunchStatus status, const char* op);
 
 // Runs cpu(begin, end) over [0, n) on the CPU threads, or gpu(stream) on the current stream of the
 // device that `on` lives on. Nothing runs when n == 0.
+// cpu_grain: the fewest items per CPU task (items may be rows rather than elements).
 template <class CpuFn, class GpuFn>
-void run_on_device(const Tensor& on, int64_t n, const char* op, CpuFn&& cpu, GpuFn&& gpu) {
+void run_on_device(const Tensor& on, int64_t n, const char* op, CpuFn&& cpu, GpuFn&& gpu,
+                   int64_t cpu_grain = kCpuGrain) {
   if (n == 0) return;
   if (on.is_cpu()) {
-    torch::stable::parallel_for(0, n, kCpuGrain, [&](int64_t begin, int64_t end) { cpu(begin, end); });
+    torch::stable::parallel_for(0, n, cpu_grain, [&](int64_t begin, int64_t end) { cpu(begin, end); });
     return;
   }
 #if defined(DSV4OPS_WITH_GPU)

@@ -122,6 +122,9 @@ Tensor fp8_block_dequantize(const Tensor& x, const Tensor& scale, int64_t block_
   }
   geometry.rows = x.size(dims - 2);
   geometry.cols = x.size(dims - 1);
+  STD_TORCH_CHECK(geometry.cols <= INT32_MAX && block_cols <= INT32_MAX, kOp,
+                  ": rows of more than 2^31-1 columns (or column blocks that wide) are not supported, got cols=",
+                  geometry.cols, " block_cols=", block_cols);
   geometry.block_rows = block_rows;
   geometry.block_cols = block_cols;
   geometry.scale_rows = (geometry.rows + block_rows - 1) / block_rows;
@@ -137,7 +140,7 @@ Tensor fp8_block_dequantize(const Tensor& x, const Tensor& scale, int64_t block_
   const ScaleKind scale_kind = scale_kind_of(scale);
   const FloatKind out_kind = float_kind_of(out_dtype);
   run_on_device(
-      x, x.numel(), kOp,
+      x, geometry.flat_rows() * (geometry.cols > 0 ? 1 : 0), kOp,
       [&](int64_t b, int64_t e) {
         cpu::fp8_block_dequantize(x_bytes, scale_data, scale_kind, dst, out_kind, geometry, format, b, e);
       },
@@ -148,7 +151,8 @@ Tensor fp8_block_dequantize(const Tensor& x, const Tensor& scale, int64_t block_
 #else
         return LaunchStatus::kInvalidArgument;
 #endif
-      });
+      },
+      std::max<int64_t>(1, kCpuGrain / std::max<int64_t>(1, geometry.cols)));
   return out;
 }
 

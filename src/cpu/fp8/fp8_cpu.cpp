@@ -22,7 +22,19 @@ void fp8_block_dequantize(const uint8_t* x, const void* scale, ScaleKind scale_k
                           const BlockScaleGeometry& geometry, Fp8Format format, int64_t begin, int64_t end) {
   with_fp8_format(format, [&](auto format_tag) {
     constexpr Fp8Format kFormat = decltype(format_tag)::value;
-    for (int64_t i = begin; i < end; ++i) dequantize_element<kFormat>(x, scale, scale_kind, out, out_kind, geometry, i);
+    const int64_t cols = geometry.cols;
+    for (int64_t row = begin; row < end; ++row) {
+      const int64_t scale_offset = geometry.scale_row_offset(row);
+      for (int64_t block = 0; block < geometry.scale_cols; ++block) {
+        const float block_scale = load_block_scale(scale, scale_kind, scale_offset + block);
+        const int64_t first = block * geometry.block_cols;
+        const int64_t last = first + geometry.block_cols < cols ? first + geometry.block_cols : cols;
+        for (int64_t col = first; col < last; ++col) {
+          const int64_t index = row * cols + col;
+          store_float(out, out_kind, index, dequantize_value<kFormat>(x[index], block_scale));
+        }
+      }
+    }
   });
 }
 

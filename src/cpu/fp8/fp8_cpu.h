@@ -15,6 +15,7 @@ void float_to_ue8m0_lossless(const float* scale, uint8_t* bytes, uint8_t* refusa
 void fp8_encode(const void* x, FloatKind x_kind, uint8_t* out, Fp8Format format, float quant_max, int64_t begin,
                 int64_t end);
 
+// [begin, end) are flat rows (batch * rows + row), not elements.
 void fp8_block_dequantize(const uint8_t* x, const void* scale, ScaleKind scale_kind, void* out, FloatKind out_kind,
                           const BlockScaleGeometry& geometry, Fp8Format format, int64_t begin, int64_t end);
 

@@ -1,6 +1,7 @@
 // dsv4::fp8_block_dequantize: FP8 bytes (either encoding) times per-block UE8M0 or fp32 scales -> bf16/fp32.
-// Rows whose length is a multiple of 8 take a vector path (8 bytes in, one 16- or 32-byte store out);
-// anything else takes the per-element path. Both call the shared per-element numerics.
+// One thread block per flat row (grid-stride over rows); threads stride over the row's columns. Rows
+// whose length is a multiple of 8 on 8/16-byte aligned buffers take the vector path (8 bytes in, one
+// 16- or 32-byte store out); anything else goes element by element. Both use the shared numerics.
 #include "dsv4/launch.h"
 #include "fp8_launchers.h"
 
@@ -10,47 +11,59 @@ namespace {
 constexpr int kVector = 8;
 
 template <Fp8Format F, ScaleKind S, FloatKind O>
-__global__ void fp8_block_dequantize_elementwise(const uint8_t* __restrict__ x, const void* __restrict__ scale,
-                                                 void* __restrict__ out, BlockScaleGeometry geometry) {
-  const int64_t n = geometry.numel();
-  for (int64_t i = global_thread_index(); i < n; i += global_thread_count()) {
-    dequantize_element<F>(x, scale, S, out, O, geometry, i);
+__global__ void fp8_block_dequantize_rows(const uint8_t* __restrict__ x, const void* __restrict__ scale,
+                                          void* __restrict__ out, BlockScaleGeometry geometry) {
+  const int32_t cols = static_cast<int32_t>(geometry.cols);
+  const int32_t block_cols = static_cast<int32_t>(geometry.block_cols);
+  for (int64_t row = blockIdx.x; row < geometry.flat_rows(); row += gridDim.x) {
+    const int64_t scale_offset = geometry.scale_row_offset(row);
+    for (int32_t col = threadIdx.x; col < cols; col += blockDim.x) {
+      const int64_t index = row * geometry.cols + col;
+      const float block_scale = load_block_scale(scale, S, scale_offset + col / block_cols);
+      store_float(out, O, index, dequantize_value<F>(x[index], block_scale));
+    }
   }
 }
 
 template <Fp8Format F, ScaleKind S, FloatKind O>
-__global__ void fp8_block_dequantize_vector(const uint8_t* __restrict__ x, const void* __restrict__ scale,
-                                            void* __restrict__ out, BlockScaleGeometry geometry) {
-  const int64_t groups = geometry.numel() / kVector;
-  for (int64_t group = global_thread_index(); group < groups; group += global_thread_count()) {
-    const int64_t first = group * kVector;
-    const uint2 packed = reinterpret_cast<const uint2*>(x)[group];
-    const uint32_t words[2] = {packed.x, packed.y};
-    // cols % 8 == 0, so the 8 elements share a row.
-    const int64_t col = first % geometry.cols;
-    const int64_t batch_row = first / geometry.cols;
-    const int64_t row = batch_row % geometry.rows;
-    const int64_t batch = batch_row / geometry.rows;
-    const int64_t scale_row = (batch * geometry.scale_rows + row / geometry.block_rows) * geometry.scale_cols;
-    float values[kVector];
+__global__ void fp8_block_dequantize_rows_vector(const uint8_t* __restrict__ x, const void* __restrict__ scale,
+                                                 void* __restrict__ out, BlockScaleGeometry geometry) {
+  const int32_t vectors_per_row = static_cast<int32_t>(geometry.cols / kVector);
+  const int32_t block_cols = static_cast<int32_t>(geometry.block_cols);
+  const bool one_scale_per_vector = block_cols % kVector == 0;
+  for (int64_t row = blockIdx.x; row < geometry.flat_rows(); row += gridDim.x) {
+    const int64_t scale_offset = geometry.scale_row_offset(row);
+    const int64_t first_vector = row * vectors_per_row;
+    for (int32_t v = threadIdx.x; v < vectors_per_row; v += blockDim.x) {
+      const int32_t col = v * kVector;
+      const uint2 packed = reinterpret_cast<const uint2*>(x)[first_vector + v];
+      const uint32_t words[2] = {packed.x, packed.y};
+      float values[kVector];
+      if (one_scale_per_vector) {
+        const float block_scale = load_block_scale(scale, S, scale_offset + col / block_cols);
 #pragma unroll
-    for (int j = 0; j < kVector; ++j) {
-      const uint8_t code = static_cast<uint8_t>(words[j / 4] >> (8 * (j % 4)));
-      values[j] = fp8_decode<F>(code) * load_block_scale(scale, S, scale_row + (col + j) / geometry.block_cols);
-    }
-    if constexpr (O == FloatKind::kBFloat16) {
-      uint4 packed_out;
-      uint32_t* lanes = reinterpret_cast<uint32_t*>(&packed_out);
+        for (int j = 0; j < kVector; ++j) {
+          values[j] = dequantize_value<F>(static_cast<uint8_t>(words[j / 4] >> (8 * (j % 4))), block_scale);
+        }
+      } else {
 #pragma unroll
-      for (int j = 0; j < kVector / 2; ++j) {
-        lanes[j] = static_cast<uint32_t>(float_to_bf16_bits(values[2 * j])) |
-                   (static_cast<uint32_t>(float_to_bf16_bits(values[2 * j + 1])) << 16);
+        for (int j = 0; j < kVector; ++j) {
+          const float block_scale = load_block_scale(scale, S, scale_offset + (col + j) / block_cols);
+          values[j] = dequantize_value<F>(static_cast<uint8_t>(words[j / 4] >> (8 * (j % 4))), block_scale);
+        }
       }
-      reinterpret_cast<uint4*>(out)[group] = packed_out;
-    } else {
-      float4* out4 = reinterpret_cast<float4*>(out) + 2 * group;
-      out4[0] = make_float4(values[0], values[1], values[2], values[3]);
-      out4[1] = make_float4(values[4], values[5], values[6], values[7]);
+      if constexpr (O == FloatKind::kBFloat16) {
+        uint4 packed_out;
+        packed_out.x = float_to_bf16_bits(values[0]) | (static_cast<uint32_t>(float_to_bf16_bits(values[1])) << 16);
+        packed_out.y = float_to_bf16_bits(values[2]) | (static_cast<uint32_t>(float_to_bf16_bits(values[3])) << 16);
+        packed_out.z = float_to_bf16_bits(values[4]) | (static_cast<uint32_t>(float_to_bf16_bits(values[5])) << 16);
+        packed_out.w = float_to_bf16_bits(values[6]) | (static_cast<uint32_t>(float_to_bf16_bits(values[7])) << 16);
+        reinterpret_cast<uint4*>(out)[first_vector + v] = packed_out;
+      } else {
+        float4* out4 = reinterpret_cast<float4*>(out) + 2 * (first_vector + v);
+        out4[0] = make_float4(values[0], values[1], values[2], values[3]);
+        out4[1] = make_float4(values[4], values[5], values[6], values[7]);
+      }
     }
   }
 }
@@ -60,13 +73,14 @@ bool aligned(const void* p, uintptr_t bytes) { return (reinterpret_cast<uintptr_
 template <Fp8Format F, ScaleKind S, FloatKind O>
 void launch_typed(const uint8_t* x, const void* scale, void* out, const BlockScaleGeometry& geometry,
                   hipStream_t stream) {
-  const int64_t n = geometry.numel();
+  int64_t blocks = geometry.flat_rows();
+  if (blocks > kMaxElementwiseBlocks) blocks = kMaxElementwiseBlocks;
+  const dim3 grid(static_cast<unsigned>(blocks));
+  const dim3 block(kElementwiseThreads);
   if (geometry.cols % kVector == 0 && aligned(x, 8) && aligned(out, 16)) {
-    hipLaunchKernelGGL((fp8_block_dequantize_vector<F, S, O>), dim3(elementwise_blocks(n / kVector)),
-                       dim3(kElementwiseThreads), 0, stream, x, scale, out, geometry);
+    hipLaunchKernelGGL((fp8_block_dequantize_rows_vector<F, S, O>), grid, block, 0, stream, x, scale, out, geometry);
   } else {
-    hipLaunchKernelGGL((fp8_block_dequantize_elementwise<F, S, O>), dim3(elementwise_blocks(n)),
-                       dim3(kElementwiseThreads), 0, stream, x, scale, out, geometry);
+    hipLaunchKernelGGL((fp8_block_dequantize_rows<F, S, O>), grid, block, 0, stream, x, scale, out, geometry);
   }
 }
 
@@ -75,8 +89,8 @@ void launch_typed(const uint8_t* x, const void* scale, void* out, const BlockSca
 LaunchStatus launch_fp8_block_dequantize(const uint8_t* x, const void* scale, ScaleKind scale_kind, void* out,
                                          FloatKind out_kind, const BlockScaleGeometry& geometry, Fp8Format format,
                                          void* stream) {
-  if (geometry.batches < 0 || geometry.rows < 0 || geometry.cols < 0 || geometry.block_rows <= 0 ||
-      geometry.block_cols <= 0) {
+  if (geometry.batches < 0 || geometry.rows < 0 || geometry.cols < 0 || geometry.cols > INT32_MAX ||
+      geometry.block_rows <= 0 || geometry.block_cols <= 0 || geometry.block_cols > INT32_MAX) {
     return LaunchStatus::kInvalidArgument;
   }
   if (geometry.numel() == 0) return LaunchStatus::kOk;

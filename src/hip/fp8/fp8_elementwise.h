@@ -40,6 +40,8 @@ DSV4_HD float load_block_scale(const void* base, ScaleKind kind, int64_t index) 
 
 // x viewed as [batches, rows, cols]; scale as [batches, scale_rows, scale_cols] with
 // scale_rows = ceil(rows / block_rows) and scale_cols = ceil(cols / block_cols). Row-major, contiguous.
+// Work is split by flat row (batch * rows + row); columns and block sizes fit in 31 bits (the bindings
+// check), so per-column index math is 32-bit.
 struct BlockScaleGeometry {
   int64_t batches;
   int64_t rows;
@@ -49,24 +51,23 @@ struct BlockScaleGeometry {
   int64_t scale_rows;
   int64_t scale_cols;
 
+  DSV4_HD int64_t flat_rows() const { return batches * rows; }
   DSV4_HD int64_t numel() const { return batches * rows * cols; }
 
-  DSV4_HD int64_t scale_index(int64_t linear) const {
-    const int64_t col = linear % cols;
-    const int64_t batch_row = linear / cols;
-    const int64_t row = batch_row % rows;
-    const int64_t batch = batch_row / rows;
-    return (batch * scale_rows + row / block_rows) * scale_cols + col / block_cols;
+  // Index of the first scale that applies to flat row `flat_row`.
+  DSV4_HD int64_t scale_row_offset(int64_t flat_row) const {
+    const int64_t batch = flat_row / rows;
+    const int64_t row = flat_row - batch * rows;
+    return (batch * scale_rows + row / block_rows) * scale_cols;
   }
 };
 
-// FP8 value times its block scale, rounded once into the output type. With UE8M0 scales the fp32
-// product is exact (a 4-bit significand times a power of two) unless it leaves fp32's range.
+// FP8 value times its block scale in fp32, rounded once into the output type by the caller's store.
+// With UE8M0 scales the product is exact (a 4-bit significand times a power of two) unless it leaves
+// fp32's range.
 template <Fp8Format F>
-DSV4_HD void dequantize_element(const uint8_t* x, const void* scale, ScaleKind scale_kind, void* out,
-                                FloatKind out_kind, const BlockScaleGeometry& geometry, int64_t linear) {
-  const float value = fp8_decode<F>(x[linear]) * load_block_scale(scale, scale_kind, geometry.scale_index(linear));
-  store_float(out, out_kind, linear, value);
+DSV4_HD float dequantize_value(uint8_t code, float scale) {
+  return fp8_decode<F>(code) * scale;
 }
 
 // Checkpoint normalization for gfx942, scale half: the weight bytes read as FNUZ are worth half, so the

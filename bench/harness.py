@@ -1,0 +1,136 @@
+"""Benchmark harness shared by every bench/bench_<area>.py.
+
+Timing: each measurement runs `calls` back-to-back calls between two device events (rotating through
+input sets whose total size exceeds the L2 cache several times, so every call reads from HBM), and
+reports the median per-call time over `repeats` such measurements. The ceiling (device copy bandwidth,
+bytes read + written) is measured in the same run. Every row names its peers and the speedup over each.
+Outputs: markdown table, JSON lines and (where matplotlib is installed) a PNG bar chart.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import pathlib
+import statistics
+import time
+from typing import Callable, Dict, List, Sequence
+
+import torch
+
+L2_BYTES = 60 * 2**20  # H200; rotation targets a multiple of this
+
+
+@dataclasses.dataclass
+class Row:
+    op: str
+    case: str  # DSv4 block and size, e.g. "wo_a Flash [8192,4096]"
+    impl: str
+    time_us: float
+    bytes_moved: int
+    gbps: float
+    pct_of_copy: float
+    speedups: Dict[str, float]  # peer impl -> peer time / this time (only on the dsv4ops row)
+
+
+def synchronize(device: torch.device):
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def time_per_call(fn: Callable, arg_sets: Sequence[tuple], device: torch.device, repeats: int = 15,
+                  min_calls: int = 10, target_seconds: float = 0.02) -> float:
+    """Median seconds per call of fn(*args), args rotating through arg_sets."""
+    for args in arg_sets:  # warm up (and compile, for torch.compile peers)
+        fn(*args)
+    synchronize(device)
+    start = time.perf_counter()
+    fn(*arg_sets[0])
+    synchronize(device)
+    single = max(time.perf_counter() - start, 1e-6)
+    calls = max(min_calls, min(2000, int(target_seconds / single)))
+    samples = []
+    for _ in range(repeats):
+        if device.type == "cuda":
+            begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            begin.record()
+            for i in range(calls):
+                fn(*arg_sets[i % len(arg_sets)])
+            end.record()
+            end.synchronize()
+            samples.append(begin.elapsed_time(end) / 1e3 / calls)
+        else:
+            t0 = time.perf_counter()
+            for i in range(calls):
+                fn(*arg_sets[i % len(arg_sets)])
+            samples.append((time.perf_counter() - t0) / calls)
+    return statistics.median(samples)
+
+
+FAILED_PEERS: Dict[str, str] = {}
+
+
+def time_peer(times: Dict[str, float], name: str, fn: Callable, arg_sets: Sequence[tuple], device: torch.device):
+    """Times a peer into times[name]; a peer that fails to run (e.g. a torch.compile error) is reported in
+    the output header instead of aborting the run."""
+    try:
+        times[name] = time_per_call(fn, arg_sets, device)
+    except Exception as error:  # noqa: BLE001 - any failure of a peer is reported, not fatal
+        FAILED_PEERS[name] = f"{type(error).__name__}: {str(error).splitlines()[0][:200]}"
+
+
+def input_sets(make: Callable[[], tuple], bytes_per_call: int, device: torch.device) -> List[tuple]:
+    """Enough independent input sets to cover 4x the L2 (at least 2), so calls never hit a warm cache."""
+    count = 2 if device.type != "cuda" else max(2, math.ceil(4 * L2_BYTES / max(bytes_per_call, 1)))
+    return [make() for _ in range(min(count, 64))]
+
+
+def copy_bandwidth_gbps(device: torch.device, nbytes: int = 1 << 30) -> float:
+    """Device-to-device copy rate, counting bytes read plus bytes written."""
+    src = torch.empty(nbytes, dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+    seconds = time_per_call(lambda: dst.copy_(src), [()], device, repeats=10, min_calls=5)
+    return 2 * nbytes / seconds / 1e9
+
+
+def make_rows(op: str, case: str, bytes_moved: int, times: Dict[str, float], ours: str, ceiling_gbps: float):
+    rows = []
+    for impl, seconds in times.items():
+        gbps = bytes_moved / seconds / 1e9
+        speedups = {peer: t / seconds for peer, t in times.items() if peer != impl} if impl == ours else {}
+        rows.append(Row(op, case, impl, seconds * 1e6, bytes_moved, gbps, 100 * gbps / ceiling_gbps, speedups))
+    return rows
+
+
+def write_outputs(rows: List[Row], out_dir: pathlib.Path, title: str, header_lines: Sequence[str]):
+    out_dir.mkdir(parents=True, exist_ok=True)
+    stem = out_dir / title
+    with open(f"{stem}.jsonl", "w") as f:
+        for row in rows:
+            f.write(json.dumps(dataclasses.asdict(row)) + "\n")
+    failed = [f"peer '{name}' could not run: {why}" for name, why in FAILED_PEERS.items()]
+    lines = [f"# {title}", ""] + [f"- {line}" for line in list(header_lines) + failed] + [""]
+    lines.append("| op | case | impl | time (us) | GB/s | % of copy BW | speedup over peers |")
+    lines.append("|---|---|---|---:|---:|---:|---|")
+    for r in rows:
+        speed = ", ".join(f"{v:.1f}x vs {k}" for k, v in r.speedups.items())
+        lines.append(f"| {r.op} | {r.case} | {r.impl} | {r.time_us:.1f} | {r.gbps:.0f} | {r.pct_of_copy:.1f} | {speed} |")
+    pathlib.Path(f"{stem}.md").write_text("\n".join(lines) + "\n")
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib not installed: no PNG written")
+        return
+    labels = [f"{r.op}\n{r.case}\n{r.impl}" for r in rows]
+    fig, ax = plt.subplots(figsize=(10, 0.35 * len(rows) + 1.5))
+    ax.barh(range(len(rows)), [r.pct_of_copy for r in rows], color=["C0" if r.speedups else "C7" for r in rows])
+    ax.set_yticks(range(len(rows)), labels, fontsize=6)
+    ax.invert_yaxis()
+    ax.set_xlabel("% of measured device copy bandwidth")
+    ax.set_title(title)
+    fig.tight_layout()
+    fig.savefig(f"{stem}.png", dpi=120)
