@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# On a machine with an NVIDIA GPU (CUDA backend; DSV4OPS_BACKEND=rocm on an AMD GPU): builds dsv4ops for
+# the GPU into the current Python (torch must already be installed there), runs the GPU tests, the whole
+# test suite against that torch, and the benchmarks. Logs and results go to LOG_DIR.
+#
+#   bash tools/run_gpu_checks.sh [LOG_DIR]          (default build/gpu-checks)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+LOG_DIR=$(mkdir -p "${1:-build/gpu-checks}" && cd "${1:-build/gpu-checks}" && pwd)
+PY=${PYTHON:-python3}
+export DSV4OPS_BACKEND=${DSV4OPS_BACKEND:-cuda}
+export PYTHONUNBUFFERED=1
+status=0
+
+echo "== build (backend $DSV4OPS_BACKEND)"
+if ! "$PY" -m pip install --no-build-isolation --no-deps -v . > "$LOG_DIR/build.log" 2>&1; then
+  tail -60 "$LOG_DIR/build.log"
+  exit 1
+fi
+"$PY" -m dsv4ops info | tee "$LOG_DIR/info.txt"
+
+echo "== GPU tests"
+DSV4OPS_REQUIRE_GPU=1 "$PY" -m pytest -m gpu -q -rs -p no:cacheprovider tests 2>&1 | tee "$LOG_DIR/pytest_gpu.log"
+[ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+
+echo "== all tests"
+"$PY" -m pytest -q -p no:cacheprovider tests 2>&1 | tee "$LOG_DIR/pytest_all.log" | tail -5
+[ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+
+echo "== benchmarks"
+for bench in bench/bench_*.py; do
+  "$PY" "$bench" --out "$LOG_DIR" 2>&1 | tee "$LOG_DIR/$(basename "$bench" .py).log" | tail -40
+  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+done
+exit $status
