@@ -13,10 +13,14 @@ list(GET _torch_info 0 DSV4OPS_TORCH_DIR)
 list(GET _torch_info 1 DSV4OPS_TORCH_VERSION)
 message(STATUS "dsv4ops: torch ${DSV4OPS_TORCH_VERSION} at ${DSV4OPS_TORCH_DIR}")
 
-function(dsv4ops_use_stable_torch target)
+function(dsv4ops_compile_against_stable_torch target)
   # Target 2.10: one build loads in every torch from 2.10 on; unstable torch headers become #errors.
   target_compile_definitions(${target} PRIVATE TORCH_STABLE_ONLY TORCH_TARGET_VERSION=0x020a000000000000)
   target_include_directories(${target} SYSTEM PRIVATE ${DSV4OPS_TORCH_DIR}/include)
+endfunction()
+
+function(dsv4ops_link_stable_torch target)
+  # The stable C shims live in libtorch_cpu (and libtorch_cuda / libtorch_hip for the GPU stream).
   target_link_libraries(${target} PRIVATE ${DSV4OPS_TORCH_DIR}/lib/libtorch_cpu.so)
   if(DSV4OPS_BACKEND STREQUAL "cuda")
     target_link_libraries(${target} PRIVATE ${DSV4OPS_TORCH_DIR}/lib/libtorch_cuda.so)
