@@ -71,8 +71,12 @@ def bench_encode(device, ceiling, compile_peers):
             nbytes = 2 * t * h + t * h
             sets = input_sets(lambda: (torch.randn(t, h, device=device, dtype=torch.bfloat16) * 100,), nbytes, device)
             ours = lambda x: torch.ops.dsv4.fp8_encode(x, int(fmt), qmax)  # noqa: E731
-            assert torch.equal(ours(*sets[0]).view(torch.uint8),
-                               reference.fp8_encode(sets[0][0].float(), fmt, qmax).view(torch.uint8))
+            got = ours(*sets[0]).view(torch.uint8)
+            want = reference.fp8_encode(sets[0][0].float(), fmt, qmax).view(torch.uint8)
+            differ = (got != want).nonzero()
+            assert differ.numel() == 0, (
+                f"dsv4ops disagrees with the reference at {differ.shape[0]} places, e.g. input "
+                f"{sets[0][0][tuple(differ[0])].item()!r}: {int(got[tuple(differ[0])])} vs {int(want[tuple(differ[0])])}")
             times = {"dsv4ops": time_per_call(ours, sets, device)}
             times["torch clamp+cast"] = time_per_call(lambda x: x.clamp(-qmax, qmax).to(fmt.torch_dtype), sets, device)
             times["reference eager"] = time_per_call(lambda x: reference.fp8_encode(x, fmt, qmax), sets, device)

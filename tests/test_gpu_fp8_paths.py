@@ -20,14 +20,18 @@ def test_hardware_encode_equals_software_on_all_fp32_patterns(fmt):
     (always the software encoder), on all 2^32 fp32 bit patterns."""
     hardware = dsv4ops.build_info()["fp8_encodings"]
     print(f"hardware encodings per arch: {hardware}")
-    mismatches = 0
+    mismatches, examples = 0, []
     for start in range(0, 1 << 32, CHUNK):
         bits = torch.arange(start, start + CHUNK, dtype=torch.int64, device="cuda").to(torch.int32)
         x = bits.view(torch.float32)
         gpu = torch.ops.dsv4.fp8_encode(x, int(fmt), fmt.max_finite).view(torch.uint8).cpu()
         cpu = torch.ops.dsv4.fp8_encode(x.cpu(), int(fmt), fmt.max_finite).view(torch.uint8)
-        mismatches += int((gpu != cpu).sum())
-    assert mismatches == 0
+        differ = (gpu != cpu).nonzero().flatten()
+        mismatches += differ.numel()
+        for i in differ[: max(0, 8 - len(examples))].tolist():
+            examples.append(f"bits 0x{(start + i) & 0xFFFFFFFF:08x} ({x[i].item()!r}): gpu 0x{int(gpu[i]):02x}, "
+                            f"software 0x{int(cpu[i]):02x}")
+    assert mismatches == 0, f"{mismatches} mismatches; first: " + "; ".join(examples)
 
 
 def test_hardware_encode_equals_torch_cast_in_range():
