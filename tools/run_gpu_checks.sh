@@ -20,11 +20,11 @@ fi
 "$PY" -m dsv4ops info | tee "$LOG_DIR/info.txt"
 
 echo "== GPU tests"
-DSV4OPS_REQUIRE_GPU=1 "$PY" -m pytest -m gpu -q -rs -p no:cacheprovider tests 2>&1 | tee "$LOG_DIR/pytest_gpu.log"
+DSV4OPS_REQUIRE_GPU=1 "$PY" -m pytest -m gpu -q -rfEs --tb=line -p no:cacheprovider tests 2>&1 | tee "$LOG_DIR/pytest_gpu.log"
 [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 
 echo "== all tests"
-"$PY" -m pytest -q -p no:cacheprovider tests 2>&1 | tee "$LOG_DIR/pytest_all.log" | tail -5
+"$PY" -m pytest -q -rfE --tb=line -p no:cacheprovider tests 2>&1 | tee "$LOG_DIR/pytest_all.log" | tail -15
 [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 
 echo "== benchmarks"

@@ -40,6 +40,16 @@ def _decode_table(fmt: int) -> torch.Tensor:
 _TABLES = {fmt: _decode_table(fmt) for fmt in (OCP, FNUZ)}
 
 
+# Exact powers of two 2^-200 .. 2^200 (torch.pow on a GPU need not be exact for them).
+_POW2_MIN_EXPONENT = -200
+_POW2 = torch.tensor([2.0**k for k in range(_POW2_MIN_EXPONENT, 201)], dtype=torch.float64)
+
+
+def _pow2(exponent: torch.Tensor) -> torch.Tensor:
+    """2^exponent in float64, exactly, for integer exponents in [-200, 200]."""
+    return _POW2.to(exponent.device)[exponent.long() - _POW2_MIN_EXPONENT]
+
+
 def _bytes(x: torch.Tensor) -> torch.Tensor:
     return x.view(torch.uint8) if x.dtype != torch.uint8 else x
 
@@ -64,7 +74,7 @@ def fp8_encode(x: torch.Tensor, fp8_format, quant_max: float) -> torch.Tensor:
     # Quantum at a's binade; below the smallest normal 2^(1-bias) the quantum is fixed (subnormals).
     _, exp = torch.frexp(a)  # a = m * 2^exp, m in [0.5, 1)
     binade = torch.clamp(exp - 1, min=1 - bias)
-    quantum = torch.pow(torch.tensor(2.0, dtype=torch.float64, device=v.device), (binade - 3).to(torch.float64))
+    quantum = _pow2(binade - 3)
     units = torch.round(a / quantum)  # torch.round: half to even
     q = units * quantum
     q = q.clamp(max=_MAX_FINITE[fmt])
@@ -73,7 +83,7 @@ def fp8_encode(x: torch.Tensor, fp8_format, quant_max: float) -> torch.Tensor:
     qbinade = torch.clamp(qexp - 1, min=1 - bias)
     is_normal = q >= 2.0 ** (1 - bias)
     biased = torch.where(is_normal, qbinade + bias, torch.zeros_like(qbinade))
-    step = torch.pow(torch.tensor(2.0, dtype=torch.float64, device=v.device), (qbinade - 3).to(torch.float64))
+    step = _pow2(qbinade - 3)
     mantissa = torch.where(is_normal, q / step - 8.0, q / step).round().to(torch.int64)
     code = (biased.to(torch.int64) << 3) | mantissa
     if fmt == OCP:
@@ -87,8 +97,8 @@ def fp8_encode(x: torch.Tensor, fp8_format, quant_max: float) -> torch.Tensor:
 
 def ue8m0_to_float(scale: torch.Tensor) -> torch.Tensor:
     """Byte u -> 2^(u-127) as float32; byte 0 is 2^-127 (subnormal), byte 255 is NaN."""
-    u = _bytes(scale).to(torch.float64)
-    value = torch.pow(torch.tensor(2.0, dtype=torch.float64, device=u.device), u - 127.0)
+    u = _bytes(scale).long()
+    value = _pow2(u - 127)
     value = torch.where(u == 255, torch.full_like(value, float("nan")), value)
     return value.to(torch.float32)
 
