@@ -115,12 +115,14 @@ def test_opcheck(device):
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_torch_compile_fullgraph(device):
+    # Only the op in the graph: Triton on NVIDIA cannot load float8_e4m3fnuz tensors, so any fused
+    # follow-up op on the FNUZ weight would fail to compile there for reasons outside dsv4ops.
     def f(weight, scale):
-        w, s = torch.ops.dsv4.e4m3fn_to_fnuz(weight, scale)
-        return w.view(torch.uint8).int().sum(), s * 1
+        return torch.ops.dsv4.e4m3fn_to_fnuz(weight, scale * 1)
 
     weight, _, fp32 = _weight_and_scales(seed=3)
     weight, fp32 = weight.to(device), fp32.to(device)
-    for a, b in zip(torch.compile(f, fullgraph=True)(weight, fp32), f(weight, fp32)):
-        assert torch.equal(a, b)
+    (w_compiled, s_compiled), (w_eager, s_eager) = torch.compile(f, fullgraph=True)(weight, fp32), f(weight, fp32)
+    assert_bytes_equal(w_compiled, w_eager)
+    assert_bits_equal(s_compiled, s_eager)
     assert Fp8Format.FNUZ.torch_dtype == torch.float8_e4m3fnuz

@@ -1,14 +1,14 @@
 // dsv4::fp8_block_dequantize: FP8 bytes (either encoding) times per-block UE8M0 or fp32 scales -> bf16/fp32.
 // One thread block per flat row (grid-stride over rows); threads stride over the row's columns. Rows
-// whose length is a multiple of 8 on 8/16-byte aligned buffers take the vector path (8 bytes in, one
-// 16- or 32-byte store out); anything else goes element by element. Both use the shared numerics.
+// whose length is a multiple of 16 on 16-byte aligned buffers take the vector path; anything else goes
+// element by element. Both use the shared numerics.
 #include "dsv4/launch.h"
 #include "fp8_launchers.h"
 
 namespace dsv4::gpu {
 namespace {
 
-constexpr int kVector = 8;
+constexpr int kVector = 16;
 
 template <Fp8Format F, ScaleKind S, FloatKind O>
 __global__ void fp8_block_dequantize_rows(const uint8_t* __restrict__ x, const void* __restrict__ scale,
@@ -25,9 +25,15 @@ __global__ void fp8_block_dequantize_rows(const uint8_t* __restrict__ x, const v
   }
 }
 
+// 16 FP8 bytes per thread per step (one 16-byte load; 32 or 64 bytes stored). The 256 decoded values
+// of the format sit in shared memory, filled from the same fp8_decode the CPU path uses.
 template <Fp8Format F, ScaleKind S, FloatKind O>
-__global__ void fp8_block_dequantize_rows_vector(const uint8_t* __restrict__ x, const void* __restrict__ scale,
-                                                 void* __restrict__ out, BlockScaleGeometry geometry) {
+__global__ void __launch_bounds__(kElementwiseThreads)
+    fp8_block_dequantize_rows_vector(const uint8_t* __restrict__ x, const void* __restrict__ scale,
+                                     void* __restrict__ out, BlockScaleGeometry geometry) {
+  __shared__ float decoded[256];
+  for (int code = threadIdx.x; code < 256; code += blockDim.x) decoded[code] = fp8_decode<F>(static_cast<uint8_t>(code));
+  __syncthreads();
   const int32_t vectors_per_row = static_cast<int32_t>(geometry.cols / kVector);
   const int32_t block_cols = static_cast<int32_t>(geometry.block_cols);
   const bool one_scale_per_vector = block_cols % kVector == 0;
@@ -36,33 +42,36 @@ __global__ void fp8_block_dequantize_rows_vector(const uint8_t* __restrict__ x, 
     const int64_t first_vector = row * vectors_per_row;
     for (int32_t v = threadIdx.x; v < vectors_per_row; v += blockDim.x) {
       const int32_t col = v * kVector;
-      const uint2 packed = reinterpret_cast<const uint2*>(x)[first_vector + v];
-      const uint32_t words[2] = {packed.x, packed.y};
+      const uint4 packed = reinterpret_cast<const uint4*>(x)[first_vector + v];
+      const uint32_t words[4] = {packed.x, packed.y, packed.z, packed.w};
       float values[kVector];
       if (one_scale_per_vector) {
         const float block_scale = load_block_scale(scale, S, scale_offset + col / block_cols);
 #pragma unroll
-        for (int j = 0; j < kVector; ++j) {
-          values[j] = dequantize_value<F>(static_cast<uint8_t>(words[j / 4] >> (8 * (j % 4))), block_scale);
-        }
+        for (int j = 0; j < kVector; ++j) values[j] = decoded[(words[j / 4] >> (8 * (j % 4))) & 0xffu] * block_scale;
       } else {
 #pragma unroll
         for (int j = 0; j < kVector; ++j) {
           const float block_scale = load_block_scale(scale, S, scale_offset + (col + j) / block_cols);
-          values[j] = dequantize_value<F>(static_cast<uint8_t>(words[j / 4] >> (8 * (j % 4))), block_scale);
+          values[j] = decoded[(words[j / 4] >> (8 * (j % 4))) & 0xffu] * block_scale;
         }
       }
       if constexpr (O == FloatKind::kBFloat16) {
-        uint4 packed_out;
-        packed_out.x = float_to_bf16_bits(values[0]) | (static_cast<uint32_t>(float_to_bf16_bits(values[1])) << 16);
-        packed_out.y = float_to_bf16_bits(values[2]) | (static_cast<uint32_t>(float_to_bf16_bits(values[3])) << 16);
-        packed_out.z = float_to_bf16_bits(values[4]) | (static_cast<uint32_t>(float_to_bf16_bits(values[5])) << 16);
-        packed_out.w = float_to_bf16_bits(values[6]) | (static_cast<uint32_t>(float_to_bf16_bits(values[7])) << 16);
-        reinterpret_cast<uint4*>(out)[first_vector + v] = packed_out;
+        uint4* out4 = reinterpret_cast<uint4*>(out) + 2 * (first_vector + v);
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          uint32_t lanes[4];
+#pragma unroll
+          for (int j = 0; j < 4; ++j) {
+            lanes[j] = float_to_bf16_bits(values[8 * half + 2 * j]) |
+                       (static_cast<uint32_t>(float_to_bf16_bits(values[8 * half + 2 * j + 1])) << 16);
+          }
+          out4[half] = make_uint4(lanes[0], lanes[1], lanes[2], lanes[3]);
+        }
       } else {
-        float4* out4 = reinterpret_cast<float4*>(out) + 2 * (first_vector + v);
-        out4[0] = make_float4(values[0], values[1], values[2], values[3]);
-        out4[1] = make_float4(values[4], values[5], values[6], values[7]);
+        float4* out4 = reinterpret_cast<float4*>(out) + 4 * (first_vector + v);
+#pragma unroll
+        for (int q = 0; q < 4; ++q) out4[q] = make_float4(values[4 * q], values[4 * q + 1], values[4 * q + 2], values[4 * q + 3]);
       }
     }
   }
@@ -77,7 +86,7 @@ void launch_typed(const uint8_t* x, const void* scale, void* out, const BlockSca
   if (blocks > kMaxElementwiseBlocks) blocks = kMaxElementwiseBlocks;
   const dim3 grid(static_cast<unsigned>(blocks));
   const dim3 block(kElementwiseThreads);
-  if (geometry.cols % kVector == 0 && aligned(x, 8) && aligned(out, 16)) {
+  if (geometry.cols % kVector == 0 && aligned(x, 16) && aligned(out, 16)) {
     hipLaunchKernelGGL((fp8_block_dequantize_rows_vector<F, S, O>), grid, block, 0, stream, x, scale, out, geometry);
   } else {
     hipLaunchKernelGGL((fp8_block_dequantize_rows<F, S, O>), grid, block, 0, stream, x, scale, out, geometry);

@@ -75,7 +75,8 @@ DSV4_HD float fp8_decode(uint8_t code) {
 }
 
 // Round-to-nearest-even, saturate-to-finite encode in integer arithmetic. The reference for the fast
-// paths below.
+// paths below. Written with selects rather than branches: lanes of a warp take different paths, and on
+// AMDGPU nested branches cost scalar registers.
 template <Fp8Format F>
 DSV4_HD uint8_t fp8_encode_software(float x) {
   using T = Fp8Traits<F>;
@@ -83,37 +84,27 @@ DSV4_HD uint8_t fp8_encode_software(float x) {
   const uint32_t bits = float_bits(x);
   const uint32_t sign = bits >> 31;
   const uint32_t magnitude = bits & 0x7fffffffu;
-  if (magnitude > 0x7f800000u) return T::kNaNCode;
+  const int exponent = static_cast<int>(magnitude >> 23) - 127;
 
-  uint32_t code;
-  if (magnitude >= float_bits(T::kMaxFinite)) {
-    code = T::kMaxFiniteCode;  // everything above the max rounds (or saturates) to it
-  } else {
-    const int exponent = static_cast<int>(magnitude >> 23) - 127;
-    if (exponent >= 1 - kBias) {
-      // FP8 normal: keep 3 of 23 mantissa bits; a carry out of the mantissa bumps the exponent.
-      const uint32_t rounded = magnitude + 0x7ffffu + ((magnitude >> 20) & 1u);
-      code = (rounded >> 20) - static_cast<uint32_t>((127 - kBias) << 3);
-    } else {
-      // FP8 subnormal or zero: count units of 2^(-2-bias). Rounding up to 8 yields the smallest normal.
-      const bool fp32_normal = (magnitude >> 23) != 0;
-      const uint32_t significand = (magnitude & 0x7fffffu) | (fp32_normal ? 0x800000u : 0u);
-      const int fp32_exponent = fp32_normal ? exponent : -126;
-      const int shift = 21 - kBias - fp32_exponent;  // >= 21: the significand is below 2^24
-      if (shift > 24) {
-        code = 0;  // below half a unit
-      } else {
-        const uint32_t half = 1u << (shift - 1);
-        const uint32_t remainder = significand & ((half << 1) - 1u);
-        code = significand >> shift;
-        if (remainder > half || (remainder == half && (code & 1u))) ++code;
-      }
-    }
-  }
-  if constexpr (!T::kHasNegativeZero) {
-    if (code == 0) return 0;
-  }
-  return static_cast<uint8_t>(code | (sign << 7));
+  // FP8 normal: keep 3 of 23 mantissa bits; a carry out of the mantissa bumps the exponent.
+  const uint32_t rounded = magnitude + 0x7ffffu + ((magnitude >> 20) & 1u);
+  const uint32_t normal_code = (rounded >> 20) - static_cast<uint32_t>((127 - kBias) << 3);
+
+  // FP8 subnormal or zero: count units of 2^(-2-bias), round half to even. Rounding up to 8 yields the
+  // smallest normal. Shifts past 25 leave less than half a unit (the significand is below 2^24).
+  const bool fp32_normal = (magnitude >> 23) != 0;
+  const uint32_t significand = (magnitude & 0x7fffffu) | (fp32_normal ? 0x800000u : 0u);
+  int shift = 21 - kBias - (fp32_normal ? exponent : -126);
+  shift = shift < 1 ? 1 : (shift > 25 ? 25 : shift);
+  const uint32_t half = 1u << (shift - 1);
+  const uint32_t remainder = significand & ((half << 1) - 1u);
+  uint32_t subnormal_code = significand >> shift;
+  subnormal_code += (remainder > half || (remainder == half && (subnormal_code & 1u))) ? 1u : 0u;
+
+  uint32_t code = exponent >= 1 - kBias ? normal_code : subnormal_code;
+  code = magnitude >= float_bits(T::kMaxFinite) ? T::kMaxFiniteCode : code;  // saturate (Inf included)
+  const uint32_t signed_code = (!T::kHasNegativeZero && code == 0) ? 0u : (code | (sign << 7));
+  return static_cast<uint8_t>(magnitude > 0x7f800000u ? T::kNaNCode : signed_code);
 }
 
 #if DSV4_DEVICE_PASS && defined(__HIP_DEVICE_COMPILE__) && (defined(__gfx942__) || defined(__gfx950__))
