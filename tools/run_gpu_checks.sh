@@ -17,7 +17,13 @@ if ! "$PY" -m pip install --no-build-isolation --no-deps -v . > "$LOG_DIR/build.
   tail -60 "$LOG_DIR/build.log"
   exit 1
 fi
-"$PY" -m dsv4ops info | tee "$LOG_DIR/info.txt"
+"$PY" -m dsv4ops info | tee -a "$LOG_DIR/build.log"
+
+if command -v compute-sanitizer > /dev/null; then
+  echo "== memcheck"
+  compute-sanitizer --tool memcheck --error-exitcode 1 "$PY" tools/sanitize_smoke.py 2>&1 | tee "$LOG_DIR/memcheck.log" | tail -3
+  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+fi
 
 echo "== GPU tests"
 DSV4OPS_REQUIRE_GPU=1 "$PY" -m pytest -m gpu -q -rfEs --tb=line -p no:cacheprovider tests 2>&1 | tee "$LOG_DIR/pytest_gpu.log"
