@@ -57,7 +57,7 @@ def bench_dequantize(device, ceiling, compile_peers):
             lambda x, s: reference.fp8_block_dequantize(x, s, 128, 128, Fp8Format.OCP, torch.bfloat16), sets, device)
         if ref_compiled is not None:
             time_peer(times, "reference compiled",
-                      lambda x, s: ref_compiled(x, s, 128, 128, Fp8Format.OCP, torch.bfloat16), sets, device)
+                      lambda x, s: ref_compiled(x, s, 128, 128, Fp8Format.OCP, torch.bfloat16), sets, device, case)
         rows += make_rows("fp8_block_dequantize", case + " ue8m0->bf16", nbytes, times, "dsv4ops", ceiling)
     return rows
 
@@ -81,7 +81,8 @@ def bench_encode(device, ceiling, compile_peers):
             times["torch clamp+cast"] = time_per_call(lambda x: x.clamp(-qmax, qmax).to(fmt.torch_dtype), sets, device)
             times["reference eager"] = time_per_call(lambda x: reference.fp8_encode(x, fmt, qmax), sets, device)
             if ref_compiled is not None:
-                time_peer(times, "reference compiled", lambda x: ref_compiled(x, fmt, qmax), sets, device)
+                time_peer(times, "reference compiled", lambda x: ref_compiled(x, fmt, qmax), sets, device,
+                          f"{case} {fmt.name}")
             rows += make_rows("fp8_encode", f"{case} bf16->{fmt.name}", nbytes, times, "dsv4ops", ceiling)
     return rows
 
@@ -97,7 +98,7 @@ def bench_e4m3fn_to_fnuz(device, ceiling, compile_peers):
     times = {"dsv4ops": time_per_call(lambda w, s: torch.ops.dsv4.e4m3fn_to_fnuz(w, s), sets, device)}
     times["reference eager"] = time_per_call(reference.e4m3fn_to_fnuz, sets, device)
     if ref_compiled is not None:
-        time_peer(times, "reference compiled", ref_compiled, sets, device)
+        time_peer(times, "reference compiled", ref_compiled, sets, device, "e4m3fn_to_fnuz")
     return make_rows("e4m3fn_to_fnuz", f"[{r},{c}] + ue8m0", nbytes, times, "dsv4ops", ceiling)
 
 

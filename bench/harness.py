@@ -71,13 +71,15 @@ def time_per_call(fn: Callable, arg_sets: Sequence[tuple], device: torch.device,
 FAILED_PEERS: Dict[str, str] = {}
 
 
-def time_peer(times: Dict[str, float], name: str, fn: Callable, arg_sets: Sequence[tuple], device: torch.device):
+def time_peer(times: Dict[str, float], name: str, fn: Callable, arg_sets: Sequence[tuple], device: torch.device,
+              case: str = ""):
     """Times a peer into times[name]; a peer that fails to run (e.g. a torch.compile error) is reported in
     the output header instead of aborting the run."""
     try:
         times[name] = time_per_call(fn, arg_sets, device)
     except Exception as error:  # noqa: BLE001 - any failure of a peer is reported, not fatal
-        FAILED_PEERS[name] = f"{type(error).__name__}: {str(error).splitlines()[0][:200]}"
+        first_line = (str(error).splitlines() or [""])[0][:200]
+        FAILED_PEERS[f"{name}' on '{case}" if case else name] = f"{type(error).__name__}: {first_line}"
 
 
 def input_sets(make: Callable[[], tuple], bytes_per_call: int, device: torch.device) -> List[tuple]:
