@@ -209,9 +209,11 @@ void e4m3fn_to_fnuz_inplace(Tensor weight, Tensor scale) {
 }  // namespace
 }  // namespace dsv4::bindings
 
-namespace b = dsv4::bindings;
+namespace {
 
-STABLE_TORCH_LIBRARY_IMPL(dsv4, CPU, m) {
+// The same implementations serve both dispatch keys: each one branches on the tensors' device.
+void register_fp8_ops(torch::stable::detail::StableLibrary& m) {
+  namespace b = dsv4::bindings;
   m.impl("ue8m0_to_float", TORCH_BOX(&b::ue8m0_to_float));
   m.impl("float_to_ue8m0_lossless", TORCH_BOX(&b::float_to_ue8m0_lossless));
   m.impl("fp8_encode", TORCH_BOX(&b::fp8_encode));
@@ -219,14 +221,11 @@ STABLE_TORCH_LIBRARY_IMPL(dsv4, CPU, m) {
   m.impl("e4m3fn_to_fnuz", TORCH_BOX(&b::e4m3fn_to_fnuz));
   m.impl("e4m3fn_to_fnuz_", TORCH_BOX(&b::e4m3fn_to_fnuz_inplace));
 }
+
+}  // namespace
+
+STABLE_TORCH_LIBRARY_IMPL(dsv4, CPU, m) { register_fp8_ops(m); }
 
 #if defined(DSV4OPS_WITH_GPU)
-STABLE_TORCH_LIBRARY_IMPL(dsv4, CUDA, m) {
-  m.impl("ue8m0_to_float", TORCH_BOX(&b::ue8m0_to_float));
-  m.impl("float_to_ue8m0_lossless", TORCH_BOX(&b::float_to_ue8m0_lossless));
-  m.impl("fp8_encode", TORCH_BOX(&b::fp8_encode));
-  m.impl("fp8_block_dequantize", TORCH_BOX(&b::fp8_block_dequantize));
-  m.impl("e4m3fn_to_fnuz", TORCH_BOX(&b::e4m3fn_to_fnuz));
-  m.impl("e4m3fn_to_fnuz_", TORCH_BOX(&b::e4m3fn_to_fnuz_inplace));
-}
+STABLE_TORCH_LIBRARY_IMPL(dsv4, CUDA, m) { register_fp8_ops(m); }
 #endif
