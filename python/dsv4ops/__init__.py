@@ -18,12 +18,14 @@ from .fp8 import (
     fp8_encode,
     ue8m0_to_float,
 )
+from .kv_cache import dequantize_and_gather_k_cache, quantize_and_insert_k_cache
 from .platform import Fp8Format, build_info, device_arch, fp8_dtype, fp8_format, quant_max
 
 __all__ = [
     "__version__",
     "Fp8Format",
     "build_info",
+    "dequantize_and_gather_k_cache",
     "device_arch",
     "e4m3fn_to_fnuz",
     "explain",
@@ -34,5 +36,6 @@ __all__ = [
     "fp8_encode",
     "fp8_format",
     "quant_max",
+    "quantize_and_insert_k_cache",
     "ue8m0_to_float",
 ]

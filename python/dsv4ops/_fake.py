@@ -34,3 +34,13 @@ def _e4m3fn_to_fnuz(weight, scale):
 @torch.library.register_fake("dsv4::e4m3fn_to_fnuz_")
 def _e4m3fn_to_fnuz_inplace(weight, scale):
     return None
+
+
+@torch.library.register_fake("dsv4::quantize_and_insert_k_cache")
+def _quantize_and_insert_k_cache(k, k_cache, slot_mapping, block_size, fp8_format, quant_max):
+    return None
+
+
+@torch.library.register_fake("dsv4::dequantize_and_gather_k_cache")
+def _dequantize_and_gather_k_cache(out, k_cache, seq_lens, gather_lens, block_table, block_size, offset, fp8_format):
+    return None

@@ -1,5 +1,6 @@
 #include "common.h"
 
+#include <cmath>
 #include <sstream>
 
 namespace dsv4::bindings {
@@ -75,6 +76,14 @@ Fp8Format checked_fp8_format(int64_t value, const char* op) {
 
 ScalarType fp8_dtype(Fp8Format format) {
   return format == Fp8Format::kFNUZ ? ScalarType::Float8_e4m3fnuz : ScalarType::Float8_e4m3fn;
+}
+
+float checked_quant_max(double quant_max, Fp8Format format, const char* op) {
+  const float max_finite = format == Fp8Format::kFNUZ ? Fp8Traits<Fp8Format::kFNUZ>::kMaxFinite
+                                                      : Fp8Traits<Fp8Format::kOCP>::kMaxFinite;
+  STD_TORCH_CHECK(std::isfinite(quant_max) && quant_max > 0 && quant_max <= max_finite, op,
+                  ": quant_max must be in (0, ", max_finite, "] for this encoding, got ", quant_max);
+  return static_cast<float>(quant_max);
 }
 
 void check_launch(LaunchStatus status, const char* op) {

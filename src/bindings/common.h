@@ -33,6 +33,8 @@ void check_contiguous(const Tensor& t, const char* op, const char* arg);
 void check_same_device(const Tensor& a, const char* arg_a, const Tensor& b, const char* arg_b, const char* op);
 Fp8Format checked_fp8_format(int64_t value, const char* op);
 ScalarType fp8_dtype(Fp8Format format);
+// quant_max validated against the encoding: finite, in (0, largest finite value].
+float checked_quant_max(double quant_max, Fp8Format format, const char* op);
 
 // Elements per CPU task: small tensors stay on one thread.
 inline constexpr int64_t kCpuGrain = 1 << 15;

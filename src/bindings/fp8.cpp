@@ -67,22 +67,16 @@ std::tuple<Tensor, Tensor> float_to_ue8m0_lossless(const Tensor& scale) {
   return {bytes, refusal};
 }
 
-float max_finite(Fp8Format format) {
-  return format == Fp8Format::kFNUZ ? Fp8Traits<Fp8Format::kFNUZ>::kMaxFinite : Fp8Traits<Fp8Format::kOCP>::kMaxFinite;
-}
-
 Tensor fp8_encode(const Tensor& x, int64_t fp8_format, double quant_max) {
   constexpr const char* kOp = "dsv4.fp8_encode";
   check_dtype(x, kOp, "x", {ScalarType::Float, ScalarType::BFloat16});
   check_contiguous(x, kOp, "x");
   const Fp8Format format = checked_fp8_format(fp8_format, kOp);
-  STD_TORCH_CHECK(std::isfinite(quant_max) && quant_max > 0 && quant_max <= max_finite(format), kOp,
-                  ": quant_max must be in (0, ", max_finite(format), "] for this encoding, got ", quant_max);
+  const float qmax = checked_quant_max(quant_max, format, kOp);
   Tensor out = torch::stable::new_empty(x, sizes_of(x), fp8_dtype(format));
   const void* in = x.data_ptr();
   auto* dst = static_cast<uint8_t*>(out.data_ptr());
   const FloatKind kind = float_kind_of(dtype_of(x));
-  const float qmax = static_cast<float>(quant_max);
   run_on_device(
       x, x.numel(), kOp, [&](int64_t b, int64_t e) { cpu::fp8_encode(in, kind, dst, format, qmax, b, e); },
       [&](void* stream) {

@@ -12,4 +12,12 @@ STABLE_TORCH_LIBRARY(dsv4, m) {
       "ScalarType out_dtype) -> Tensor");
   m.def("e4m3fn_to_fnuz(Tensor weight, Tensor scale) -> (Tensor weight_fnuz, Tensor scale_fnuz)");
   m.def("e4m3fn_to_fnuz_(Tensor(a!) weight, Tensor(b!) scale) -> ()");
+
+  // fp8_ds_mla cache utilities (spec/kv_cache.md §4.1, §9.1, §9.2).
+  m.def(
+      "quantize_and_insert_k_cache(Tensor k, Tensor(a!) k_cache, Tensor slot_mapping, int block_size, "
+      "int fp8_format, float quant_max) -> ()");
+  m.def(
+      "dequantize_and_gather_k_cache(Tensor(a!) out, Tensor k_cache, Tensor seq_lens, Tensor? gather_lens, "
+      "Tensor block_table, int block_size, int offset, int fp8_format) -> ()");
 }

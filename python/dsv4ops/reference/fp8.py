@@ -112,6 +112,7 @@ def ue8m0_encode_rceil(amax: torch.Tensor, quant_max: float, amax_floor: float) 
     bad = ~torch.isfinite(a)
     a = torch.clamp(a, min=amax_floor)
     r = (a / torch.tensor(quant_max, dtype=torch.float32)).to(torch.float64)  # fp32 division, then exact
+    bad |= ~torch.isfinite(r)
     mantissa, exp = torch.frexp(r)  # r = m * 2^exp, m in [0.5, 1): ceil(log2 r) = exp - (m == 0.5)
     ceil_log2 = exp - (mantissa == 0.5).to(exp.dtype)
     byte = torch.clamp(ceil_log2 + 127, 1, 255)

@@ -64,4 +64,25 @@ DSV4_HD float bits_float(uint32_t u) {
   return v.f;
 }
 
+#if DSV4_GPU_COMPILER
+// Butterfly exchange within aligned groups of `width` lanes (a power of two <= 32, so the group never
+// straddles a warp on either vendor).
+DSV4_DEVICE float shuffle_xor(float value, int lane_mask, int width) {
+#if defined(__HIP_PLATFORM_AMD__) || defined(__HIPCC__)
+  return __shfl_xor(value, lane_mask, width);
+#else
+  return __shfl_xor_sync(0xffffffffu, value, lane_mask, width);
+#endif
+}
+
+// The value of `lane` (relative to the group of `width` lanes) in every lane of the group.
+DSV4_DEVICE float shuffle_from(float value, int lane, int width) {
+#if defined(__HIP_PLATFORM_AMD__) || defined(__HIPCC__)
+  return __shfl(value, lane, width);
+#else
+  return __shfl_sync(0xffffffffu, value, lane, width);
+#endif
+}
+#endif
+
 }  // namespace dsv4

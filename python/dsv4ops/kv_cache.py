@@ -1,0 +1,55 @@
+"""fp8_ds_mla KV-cache utilities (spec/kv_cache.md §4.1, §9): public wrappers over torch.ops.dsv4.* with
+reference fallback.
+
+The encoding is explicit because caches differ: the SWA cache uses the platform's (the default here:
+FNUZ + 224 on gfx942, OCP + 448 elsewhere, from the cache's device), the compressed caches are OCP on
+every platform. A reader must use its writer's encoding.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from . import dispatch
+from .platform import Fp8Format, fp8_format as device_fp8_format
+from .reference import kv_cache as reference
+
+
+def _format_and_max(device, fp8_format, quant_max):
+    fmt = Fp8Format.parse(fp8_format) if fp8_format is not None else device_fp8_format(device)
+    qmax = float(quant_max) if quant_max is not None else fmt.default_quant_max
+    if not 0.0 < qmax <= fmt.max_finite:
+        raise ValueError(f"quant_max must be in (0, {fmt.max_finite}] for {fmt.name}, got {qmax}")
+    return fmt, qmax
+
+
+def quantize_and_insert_k_cache(k: torch.Tensor, k_cache: torch.Tensor, slot_mapping: torch.Tensor,
+                                block_size: int = 64, fp8_format=None, quant_max: Optional[float] = None):
+    """Quantizes bf16 K rows [tokens, 512] (already rotated) into fp8_ds_mla records at slot_mapping
+    (int64; one entry per token written, at most k.size(0)). Negative slots and slots past the cache's
+    capacity (size(0) * block_size) are skipped. k_cache is uint8 with one block per index of dim 0;
+    only its stride(0) locates blocks."""
+    fmt, qmax = _format_and_max(k_cache.device, fp8_format, quant_max)
+    if dispatch.choose("quantize_and_insert_k_cache", k.device).uses_kernel:
+        torch.ops.dsv4.quantize_and_insert_k_cache(k, k_cache, slot_mapping, int(block_size), int(fmt), qmax)
+    else:
+        reference.quantize_and_insert_k_cache(k, k_cache, slot_mapping, int(block_size), fmt, qmax)
+    return k_cache
+
+
+def dequantize_and_gather_k_cache(out: torch.Tensor, k_cache: torch.Tensor, seq_lens: torch.Tensor,
+                                  gather_lens: Optional[torch.Tensor], block_table: torch.Tensor,
+                                  block_size: int = 64, offset: int = 0, fp8_format=None):
+    """Decodes request r's last gather_lens[r] (default seq_lens[r]) tokens into bf16
+    out[r, offset : offset + g]; positions whose block-table entry is missing or outside the cache give
+    zero rows. seq_lens, gather_lens, block_table are int32."""
+    fmt = Fp8Format.parse(fp8_format) if fp8_format is not None else device_fp8_format(k_cache.device)
+    if dispatch.choose("dequantize_and_gather_k_cache", out.device).uses_kernel:
+        torch.ops.dsv4.dequantize_and_gather_k_cache(out, k_cache, seq_lens, gather_lens, block_table,
+                                                     int(block_size), int(offset), int(fmt))
+    else:
+        reference.dequantize_and_gather_k_cache(out, k_cache, seq_lens, gather_lens, block_table, int(block_size),
+                                                int(offset), fmt)
+    return out

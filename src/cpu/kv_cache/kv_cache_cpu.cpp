@@ -1,0 +1,81 @@
+#include "kv_cache_cpu.h"
+
+#include <cmath>
+#include <cstring>
+
+#include "dsv4/bf16.h"
+
+namespace dsv4::cpu {
+namespace {
+
+template <Fp8Format F>
+void write_record(const uint16_t* k, const KvInsertArgs& args, int64_t slot) {
+  const ds_mla::RecordAddress address = ds_mla::record_address(slot, args.cache.block_size, args.cache.block_stride);
+  uint8_t* data = args.cache.bytes + address.data;
+  uint8_t* scales = args.cache.bytes + address.scale;
+  for (int block = 0; block < ds_mla::kNumQuantBlocks; ++block) {
+    const uint16_t* x = k + block * ds_mla::kQuantBlock;
+    float amax = 0.0f;  // std::fmax ignores NaN
+    for (int i = 0; i < ds_mla::kQuantBlock; ++i) amax = std::fmax(amax, std::fabs(bf16_bits_to_float(x[i])));
+    const uint8_t scale_byte = ue8m0_encode_rceil(amax, args.quant_max, ds_mla::kAmaxFloor);
+    const float inverse_scale = ds_mla::ue8m0_inverse_scale(scale_byte);
+    for (int i = 0; i < ds_mla::kQuantBlock; ++i) {
+      data[block * ds_mla::kQuantBlock + i] =
+          ds_mla::quantize_nope_value<F>(bf16_bits_to_float(x[i]), inverse_scale, args.quant_max);
+    }
+    scales[block] = scale_byte;
+  }
+  scales[ds_mla::kNumQuantBlocks] = 0;
+  std::memcpy(data + ds_mla::kNopeDim, k + ds_mla::kNopeDim, 2 * ds_mla::kRopeDim);  // little-endian bf16
+}
+
+template <Fp8Format F>
+void read_record(const KvGatherArgs& args, int64_t slot, uint16_t* out) {
+  const ds_mla::RecordAddress address = ds_mla::record_address(slot, args.block_size, args.block_stride);
+  const uint8_t* data = args.cache + address.data;
+  const uint8_t* scales = args.cache + address.scale;
+  for (int i = 0; i < ds_mla::kNopeDim; ++i) {
+    const float block_scale = ue8m0_decode(scales[i / ds_mla::kQuantBlock]);
+    out[i] = float_to_bf16_bits(ds_mla::dequantize_nope_value<F>(data[i], block_scale));
+  }
+  std::memcpy(out + ds_mla::kNopeDim, data + ds_mla::kNopeDim, 2 * ds_mla::kRopeDim);
+}
+
+}  // namespace
+
+void quantize_and_insert_k_cache(const KvInsertArgs& args, int64_t begin, int64_t end) {
+  with_fp8_format(args.format, [&](auto format_tag) {
+    constexpr Fp8Format kFormat = decltype(format_tag)::value;
+    for (int64_t token = begin; token < end; ++token) {
+      const int64_t slot = args.slot_mapping[token];
+      if (slot < 0 || slot >= args.cache.capacity()) continue;
+      write_record<kFormat>(args.k + token * args.k_row_stride, args, slot);
+    }
+  });
+}
+
+void dequantize_and_gather_k_cache(const KvGatherArgs& args, int64_t begin, int64_t end) {
+  with_fp8_format(args.format, [&](auto format_tag) {
+    constexpr Fp8Format kFormat = decltype(format_tag)::value;
+    for (int64_t request = begin; request < end; ++request) {
+      const int64_t seq_len = args.seq_lens[request] > 0 ? args.seq_lens[request] : 0;
+      int64_t count = args.gather_lens != nullptr ? args.gather_lens[request] : seq_len;
+      count = count < 0 ? 0 : (count > seq_len ? seq_len : count);
+      count = count < args.out_rows - args.offset ? count : args.out_rows - args.offset;
+      for (int64_t i = 0; i < count; ++i) {
+        const int64_t logical = seq_len - count + i;
+        const int64_t column = logical / args.block_size;
+        const int64_t block =
+            column < args.table_cols ? args.block_table[request * args.table_row_stride + column] : int64_t{-1};
+        uint16_t* out = args.out + request * args.out_request_stride + (args.offset + i) * args.out_row_stride;
+        if (block < 0 || block >= args.num_blocks) {
+          std::memset(out, 0, 2 * ds_mla::kHeadDim);
+          continue;
+        }
+        read_record<kFormat>(args, block * args.block_size + (logical - column * args.block_size), out);
+      }
+    }
+  });
+}
+
+}  // namespace dsv4::cpu

@@ -1,0 +1,69 @@
+// The fp8_ds_mla cache record (spec/kv_cache.md §4.1, §8) shared by every writer and reader of the SWA
+// and compressed caches, on the CPU and the GPU. Torch-free, host and device.
+//
+// A block of `bs` tokens starts at byte block * block_stride (the cache tensor's stride(0)):
+//   [0, bs*576)            token k's data record at k*576: 448 FP8 NoPE bytes (dim i at byte i), then the
+//                          64 RoPE dims as little-endian bf16
+//   [bs*576, bs*576+bs*8)  token k's scale record at bs*576 + k*8: UE8M0 bytes of the 7 NoPE blocks of 64
+//                          dims, then a 0 pad byte
+#pragma once
+
+#include "dsv4/bf16.h"
+#include "dsv4/fp8.h"
+#include "dsv4/platform.h"
+#include "dsv4/ue8m0.h"
+
+namespace dsv4::ds_mla {
+
+inline constexpr int kHeadDim = 512;
+inline constexpr int kRopeDim = 64;
+inline constexpr int kNopeDim = 448;
+inline constexpr int kQuantBlock = 64;
+inline constexpr int kNumQuantBlocks = 7;
+inline constexpr int kDataBytes = 576;
+inline constexpr int kScaleBytes = 8;
+inline constexpr int kRecordBytes = 584;
+// The amax floor of the KV writers: an all-zero block still gets a finite scale (byte 105 OCP, 106 FNUZ).
+inline constexpr float kAmaxFloor = 1e-4f;
+
+struct RecordAddress {
+  int64_t data;   // byte offset of the 576-byte data record
+  int64_t scale;  // byte offset of the 8-byte scale record
+};
+
+DSV4_HD RecordAddress record_address(int64_t slot, int64_t block_size, int64_t block_stride) {
+  const int64_t block = slot / block_size;
+  const int64_t position = slot - block * block_size;
+  const int64_t base = block * block_stride;
+  return {base + position * kDataBytes, base + block_size * kDataBytes + position * kScaleBytes};
+}
+
+// The exact inverse of a block scale, 2^(127-u); 0 for the NaN byte 255 (an Inf amax), so that finite
+// values quantize to 0 and the Inf itself to NaN, which the clamp below turns into -quant_max.
+DSV4_HD float ue8m0_inverse_scale(uint8_t u) {
+  if (u == kUe8m0NaN) return 0.0f;
+  if (u == 254) return bits_float(0x00400000u);  // 2^-127, an fp32 subnormal
+  return bits_float(static_cast<uint32_t>(254 - u) << 23);
+}
+
+// One NoPE value into its block: scale by the exact inverse power of two, clamp max-then-min (NaN
+// becomes -quant_max, as the upstream writers do), encode round-to-nearest-even.
+template <Fp8Format F>
+DSV4_HD uint8_t quantize_nope_value(float x, float inverse_scale, float quant_max) {
+  float y = x * inverse_scale;
+  y = y > -quant_max ? y : -quant_max;  // also NaN -> -quant_max
+  y = y < quant_max ? y : quant_max;
+  return fp8_encode<F>(y);
+}
+
+// One NoPE value back: FP8 value times the block scale (exact in fp32). In FNUZ a 0x80 byte (NaN there)
+// can only come from an OCP writer's -0 and reads as +0.
+template <Fp8Format F>
+DSV4_HD float dequantize_nope_value(uint8_t code, float block_scale) {
+  if constexpr (F == Fp8Format::kFNUZ) {
+    if (code == 0x80u) return 0.0f;
+  }
+  return fp8_decode<F>(code) * block_scale;
+}
+
+}  // namespace dsv4::ds_mla
