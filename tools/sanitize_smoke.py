@@ -24,5 +24,17 @@ for rows, cols, br, bc in ((5, 7, 2, 3), (300, 260, 128, 128), (64, 48, 128, 16)
         for out_dtype in (torch.bfloat16, torch.float32):
             ops.fp8_block_dequantize(view.view(rows, cols), scale, br, bc, 0, out_dtype)
             ops.fp8_block_dequantize(view.view(rows, cols), scale.float(), br, bc, 1, out_dtype)
+for block_size, extra in ((16, 0), (64, 48)):
+    cache = torch.randint(0, 256, (3, block_size * 584 + extra), dtype=torch.int32, device=dev).to(torch.uint8)
+    k = (torch.randn(70, 512, device=dev) * 100).to(torch.bfloat16)
+    capacity = 3 * block_size
+    slots = torch.tensor([-1, -5, capacity, capacity - 1, 2**40] + list(range(65)), device=dev)
+    for fmt, qmax in ((0, 448.0), (1, 224.0)):
+        ops.quantize_and_insert_k_cache(k, cache, slots, block_size, fmt, qmax)
+        out = torch.empty(3, 40, 512, dtype=torch.bfloat16, device=dev)
+        lens = torch.tensor([40, 0, 100], dtype=torch.int32, device=dev)
+        table = torch.tensor([[0, 2, 1, 7], [1, 1, 1, 1], [-3, 2**30, 1, 0]], dtype=torch.int32, device=dev)
+        for gather_lens in (None, torch.tensor([3, 5, 1000], dtype=torch.int32, device=dev)):
+            ops.dequantize_and_gather_k_cache(out, cache, lens, gather_lens, table, block_size, 2, fmt)
 torch.cuda.synchronize()
 print("sanitize smoke: all ops ran")
