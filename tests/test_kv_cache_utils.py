@@ -28,15 +28,17 @@ def make_k(tokens, seed=0):
 @pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("block_size,extra", [(16, 0), (64, 0), (64, 48)], ids=["bs16", "bs64", "bs64-padded"])
 def test_insert_matches_reference(device, fmt, block_size, extra):
-    tokens, blocks = 150, 4
+    blocks = 4
     capacity = blocks * block_size
-    k = make_k(tokens)
-    k[3, :64] = -0.0
-    k[4, 10] = float("nan")
-    k[5, 100] = float("inf")
+    # Distinct slots (two tokens on one slot leave an unspecified winner), six adversarial ones first.
     g = torch.Generator().manual_seed(1)
-    slots = torch.randperm(capacity, generator=g)[:tokens].long()
-    slots[:6] = torch.tensor([-1, -2, capacity, 2**40, capacity - 1, -(2**40)])
+    adversarial = torch.tensor([-1, -2, capacity, 2**40, capacity - 1, -(2**40)])
+    slots = torch.cat([adversarial, torch.randperm(capacity - 1, generator=g)[:144]])
+    tokens = slots.shape[0]
+    k = make_k(tokens)
+    k[6, :64] = -0.0
+    k[7, 10] = float("nan")
+    k[8, 100] = float("inf")
     for qmax in {fmt.default_quant_max, fmt.max_finite}:
         expected = make_cache(blocks, block_size, extra)
         reference.quantize_and_insert_k_cache(k, expected, slots, block_size, fmt, qmax)

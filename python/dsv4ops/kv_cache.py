@@ -29,8 +29,9 @@ def quantize_and_insert_k_cache(k: torch.Tensor, k_cache: torch.Tensor, slot_map
                                 block_size: int = 64, fp8_format=None, quant_max: Optional[float] = None):
     """Quantizes bf16 K rows [tokens, 512] (already rotated) into fp8_ds_mla records at slot_mapping
     (int64; one entry per token written, at most k.size(0)). Negative slots and slots past the cache's
-    capacity (size(0) * block_size) are skipped. k_cache is uint8 with one block per index of dim 0;
-    only its stride(0) locates blocks."""
+    capacity (size(0) * block_size) are skipped; when two tokens name the same slot, which one the record
+    holds is unspecified. k_cache is uint8 with one block per index of dim 0; only its stride(0) locates
+    blocks."""
     fmt, qmax = _format_and_max(k_cache.device, fp8_format, quant_max)
     if dispatch.choose("quantize_and_insert_k_cache", k.device).uses_kernel:
         torch.ops.dsv4.quantize_and_insert_k_cache(k, k_cache, slot_mapping, int(block_size), int(fmt), qmax)
