@@ -9,16 +9,12 @@ written once.
 
 from __future__ import annotations
 
-import argparse
-import pathlib
-import platform as host_platform
-
 import torch
 
 import dsv4ops
 from dsv4ops import Fp8Format, reference
 
-from harness import copy_bandwidth_gbps, input_sets, make_rows, time_peer, time_per_call, write_outputs
+from harness import bench_main, input_sets, make_rows, time_peer, time_per_call
 
 # DSv4 weights stored as 128x128-block FP8: wo_a (Flash: 8 groups x 1024 rows, K = 4096; Pro: 16 groups),
 # and square hidden-size projections (Flash hidden 4096, Pro 7168).
@@ -102,37 +98,13 @@ def bench_e4m3fn_to_fnuz(device, ceiling, compile_peers):
     return make_rows("e4m3fn_to_fnuz", f"[{r},{c}] + ue8m0", nbytes, times, "dsv4ops", ceiling)
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--out", default=str(pathlib.Path(__file__).parent / "results"))
-    parser.add_argument("--no-compile", action="store_true", help="skip the torch.compile peers")
-    parser.add_argument("--smoke", action="store_true", help="tiny sizes: check that the script runs")
-    args = parser.parse_args()
-    if args.smoke:
-        shrink = lambda cases: [(f"smoke {r}x{c}", (r // 32 or 1, c // 32)) for _, (r, c) in cases[:1]]  # noqa: E731
-        DEQUANT_CASES[:] = [(n, (r * 2, c)) for n, (r, c) in shrink(DEQUANT_CASES)]
-        ENCODE_CASES[:] = shrink(ENCODE_CASES)
-        global E4M3FN_TO_FNUZ_SHAPE
-        E4M3FN_TO_FNUZ_SHAPE = (256, 256)
-    device = torch.device(args.device)
-    ceiling = copy_bandwidth_gbps(device, 1 << 30 if device.type == "cuda" else 1 << 26)
-    name = torch.cuda.get_device_name(device) if device.type == "cuda" else host_platform.processor() or "cpu"
-    header = [
-        f"device: {name} ({dsv4ops.device_arch(device)}); dsv4ops {dsv4ops.__version__}; torch {torch.__version__}",
-        f"ceiling: device copy bandwidth {ceiling:.0f} GB/s (read + write, measured in this run)",
-        "time: median per call over back-to-back calls between device events; inputs rotated over >4x L2",
-    ]
-    print("\n".join(header))
-    rows = []
-    compile_peers = not args.no_compile
-    rows += bench_dequantize(device, ceiling, compile_peers)
-    rows += bench_encode(device, ceiling, compile_peers)
-    rows += bench_e4m3fn_to_fnuz(device, ceiling, compile_peers)
-    title = f"fp8_{device.type}"
-    write_outputs(rows, pathlib.Path(args.out), title, header)
-    print((pathlib.Path(args.out) / f"{title}.md").read_text())
+def shrink():
+    small = lambda cases: [(f"smoke {r}x{c}", (r // 32 or 1, c // 32)) for _, (r, c) in cases[:1]]  # noqa: E731
+    DEQUANT_CASES[:] = [(n, (r * 2, c)) for n, (r, c) in small(DEQUANT_CASES)]
+    ENCODE_CASES[:] = small(ENCODE_CASES)
+    global E4M3FN_TO_FNUZ_SHAPE
+    E4M3FN_TO_FNUZ_SHAPE = (256, 256)
 
 
 if __name__ == "__main__":
-    main()
+    bench_main(__doc__.splitlines()[0], "fp8", [bench_dequantize, bench_encode, bench_e4m3fn_to_fnuz], shrink)

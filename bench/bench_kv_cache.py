@@ -9,17 +9,13 @@ the PyTorch reference eager and under torch.compile (prefill sizes only: compili
 
 from __future__ import annotations
 
-import argparse
-import pathlib
-import platform as host_platform
-
 import torch
 
 import dsv4ops
 from dsv4ops import Fp8Format
 from dsv4ops.reference import kv_cache as reference
 
-from harness import copy_bandwidth_gbps, input_sets, make_rows, time_peer, time_per_call, write_outputs
+from harness import bench_main, input_sets, make_rows, time_peer, time_per_call
 
 BLOCK_SIZE = 64
 INSERT_TOKENS = [("decode N=1", 1), ("decode N=8", 8), ("decode N=64", 64), ("prefill N=2048", 2048),
@@ -93,32 +89,11 @@ def bench_gather(device, ceiling, compile_peers):
     return rows
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--out", default=str(pathlib.Path(__file__).parent / "results"))
-    parser.add_argument("--no-compile", action="store_true", help="skip the torch.compile peers")
-    parser.add_argument("--smoke", action="store_true", help="tiny sizes: check that the script runs")
-    args = parser.parse_args()
-    if args.smoke:
-        INSERT_TOKENS[:] = INSERT_TOKENS[:2]
-        GATHER_CASES[:] = [("smoke 2 x 128", 2, 128)]
-    device = torch.device(args.device)
-    ceiling = copy_bandwidth_gbps(device, 1 << 30 if device.type == "cuda" else 1 << 26)
-    name = torch.cuda.get_device_name(device) if device.type == "cuda" else host_platform.processor() or "cpu"
-    header = [
-        f"device: {name} ({dsv4ops.device_arch(device)}); dsv4ops {dsv4ops.__version__}; torch {torch.__version__}",
-        f"ceiling: device copy bandwidth {ceiling:.0f} GB/s (read + write, measured in this run)",
-        "time: median per call over back-to-back calls between device events; inputs rotated over >4x L2",
-        "encoding: the device's own (OCP 448 on NVIDIA); cache block size 64",
-    ]
-    print("\n".join(header))
-    compile_peers = not args.no_compile
-    rows = bench_insert(device, ceiling, compile_peers) + bench_gather(device, ceiling, compile_peers)
-    title = f"kv_cache_{device.type}"
-    write_outputs(rows, pathlib.Path(args.out), title, header)
-    print((pathlib.Path(args.out) / f"{title}.md").read_text())
+def shrink():
+    INSERT_TOKENS[:] = INSERT_TOKENS[:2]
+    GATHER_CASES[:] = [("smoke 2 x 128", 2, 128)]
 
 
 if __name__ == "__main__":
-    main()
+    bench_main(__doc__.splitlines()[0], "kv_cache", [bench_insert, bench_gather], shrink,
+               ["encoding: the device's own (OCP 448 on NVIDIA); cache block size 64"])

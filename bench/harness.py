@@ -105,6 +105,41 @@ def make_rows(op: str, case: str, bytes_moved: int, times: Dict[str, float], our
     return rows
 
 
+def bench_main(description: str, area: str, benches: Sequence[Callable], shrink: Callable[[], None],
+               extra_header: Sequence[str] = ()):
+    """The command line every bench_<area>.py shares: --device, --out, --no-compile, --smoke (calls
+    `shrink` to cut the sizes). Each bench is bench(device, ceiling_gbps, compile_peers) -> rows."""
+    import argparse
+    import platform as host_platform
+
+    import dsv4ops
+
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--out", default=str(pathlib.Path(__file__).parent / "results"))
+    parser.add_argument("--no-compile", action="store_true", help="skip the torch.compile peers")
+    parser.add_argument("--smoke", action="store_true", help="tiny sizes: check that the script runs")
+    args = parser.parse_args()
+    if args.smoke:
+        shrink()
+    device = torch.device(args.device)
+    ceiling = copy_bandwidth_gbps(device, 1 << 30 if device.type == "cuda" else 1 << 26)
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else host_platform.processor() or "cpu"
+    header = [
+        f"device: {name} ({dsv4ops.device_arch(device)}); dsv4ops {dsv4ops.__version__}; torch {torch.__version__}",
+        f"ceiling: device copy bandwidth {ceiling:.0f} GB/s (read + write, measured in this run)",
+        "time: median per call over back-to-back calls between device events; inputs rotated over >4x L2",
+        *extra_header,
+    ]
+    print("\n".join(header))
+    rows = []
+    for bench in benches:
+        rows += bench(device, ceiling, not args.no_compile)
+    title = f"{area}_{device.type}"
+    write_outputs(rows, pathlib.Path(args.out), title, header)
+    print((pathlib.Path(args.out) / f"{title}.md").read_text())
+
+
 def write_outputs(rows: List[Row], out_dir: pathlib.Path, title: str, header_lines: Sequence[str]):
     out_dir.mkdir(parents=True, exist_ok=True)
     stem = out_dir / title
