@@ -44,3 +44,15 @@ def _quantize_and_insert_k_cache(k, k_cache, slot_mapping, block_size, fp8_forma
 @torch.library.register_fake("dsv4::dequantize_and_gather_k_cache")
 def _dequantize_and_gather_k_cache(out, k_cache, seq_lens, gather_lens, block_table, block_size, offset, fp8_format):
     return None
+
+
+@torch.library.register_fake("dsv4::qnorm_rope_kv_insert")
+def _qnorm_rope_kv_insert(q_in, kv, k_cache, slot_mapping, position_ids, cos_sin_cache, q_head_padded, eps,
+                          cache_block_size, apply_q_norm, fp8_format, quant_max):
+    return q_in.new_empty((q_in.shape[0], q_head_padded, q_in.shape[2]))
+
+
+@torch.library.register_fake("dsv4::qnorm_rope_kv_insert.out")
+def _qnorm_rope_kv_insert_out(q_in, kv, k_cache, slot_mapping, position_ids, cos_sin_cache, q_head_padded, eps,
+                              cache_block_size, apply_q_norm, fp8_format, quant_max, *, q_out):
+    return None

@@ -25,6 +25,36 @@ def _format_and_max(device, fp8_format, quant_max):
     return fmt, qmax
 
 
+def qnorm_rope_kv_insert(q_in: torch.Tensor, kv: torch.Tensor, k_cache: torch.Tensor, slot_mapping: torch.Tensor,
+                         position_ids: torch.Tensor, cos_sin_cache: torch.Tensor,
+                         q_head_padded: Optional[int] = None, eps: float = 1e-6, cache_block_size: int = 64,
+                         apply_q_norm: bool = True, fp8_format=None, quant_max: Optional[float] = None,
+                         q_out: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """Fused Q weightless RMSNorm + GPT-J RoPE and KV RoPE + UE8M0 FP8 insert (spec/kv_cache.md §3).
+
+    q_in bf16 [N, H, 512], kv bf16 [N, 512], position_ids [N] (int32 is widened), cos_sin_cache fp32
+    [P, 64], slot_mapping int64 [N_ins <= N] (KV is written for the first N_ins tokens; negative or
+    out-of-cache slots skipped). Returns q_out [N, q_head_padded (default H), 512] with heads >= H zero;
+    pass q_out to write into a caller-owned buffer (it may be q_in itself when q_head_padded == H).
+    Tokens whose position lies outside the cos/sin table get zero Q rows and no KV write."""
+    fmt, qmax = _format_and_max(k_cache.device, fp8_format, quant_max)
+    hp = int(q_head_padded) if q_head_padded is not None else q_in.shape[1]
+    positions = position_ids.long() if position_ids.dtype == torch.int32 else position_ids
+    if dispatch.choose("qnorm_rope_kv_insert", q_in.device).uses_kernel:
+        args = (q_in, kv, k_cache, slot_mapping, positions, cos_sin_cache, hp, float(eps), int(cache_block_size),
+                bool(apply_q_norm), int(fmt), qmax)
+        if q_out is None:
+            return torch.ops.dsv4.qnorm_rope_kv_insert(*args)
+        torch.ops.dsv4.qnorm_rope_kv_insert.out(*args, q_out=q_out)
+        return q_out
+    result = reference.qnorm_rope_kv_insert(q_in, kv, k_cache, slot_mapping, positions, cos_sin_cache, hp, eps,
+                                            int(cache_block_size), apply_q_norm, fmt, qmax)
+    if q_out is None:
+        return result
+    q_out.copy_(result)
+    return q_out
+
+
 def quantize_and_insert_k_cache(k: torch.Tensor, k_cache: torch.Tensor, slot_mapping: torch.Tensor,
                                 block_size: int = 64, fp8_format=None, quant_max: Optional[float] = None):
     """Quantizes bf16 K rows [tokens, 512] (already rotated) into fp8_ds_mla records at slot_mapping

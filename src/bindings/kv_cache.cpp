@@ -135,7 +135,117 @@ void dequantize_and_gather_k_cache(Tensor out, const Tensor& k_cache, const Tens
       /*cpu_grain=*/1);
 }
 
+void check_bf16_rows(const Tensor& t, int64_t dims, const char* op, const char* arg, const char* shape) {
+  check_dtype(t, op, arg, {ScalarType::BFloat16});
+  STD_TORCH_CHECK(t.dim() == dims && t.size(dims - 1) == ds_mla::kHeadDim, op, ": ", arg, " must have shape ", shape,
+                  ", got ", shape_string(t));
+  check_contiguous(t, op, arg);
+  STD_TORCH_CHECK(aligned(t), op, ": ", arg, " must start 16-byte aligned");
+}
+
+bool overlaps(const Tensor& a, const Tensor& b) {
+  const auto* a0 = static_cast<const uint8_t*>(a.data_ptr());
+  const auto* b0 = static_cast<const uint8_t*>(b.data_ptr());
+  const auto* a1 = a0 + a.numel() * static_cast<int64_t>(a.element_size());
+  const auto* b1 = b0 + b.numel() * static_cast<int64_t>(b.element_size());
+  return a0 < b1 && b0 < a1;
+}
+
+// Checks the fused op's inputs and fills its launch arguments (q_out is set by the caller).
+QnormRopeKvInsertArgs checked_qnorm_rope_kv_insert(const Tensor& q_in, const Tensor& kv, const Tensor& k_cache,
+                                                   const Tensor& slot_mapping, const Tensor& position_ids,
+                                                   const Tensor& cos_sin_cache, int64_t q_head_padded, double eps,
+                                                   int64_t cache_block_size, bool apply_q_norm, int64_t fp8_format,
+                                                   double quant_max, const char* op) {
+  check_bf16_rows(q_in, 3, op, "q_in", "[tokens, heads, 512]");
+  check_bf16_rows(kv, 2, op, "kv", "[tokens, 512]");
+  const int64_t tokens = q_in.size(0);
+  STD_TORCH_CHECK(kv.size(0) == tokens, op, ": kv must have ", tokens, " rows (one per token of q_in), got ",
+                  kv.size(0));
+  STD_TORCH_CHECK(q_in.size(1) >= 1 && q_head_padded >= q_in.size(1), op, ": q_head_padded must be >= the ",
+                  q_in.size(1), " heads of q_in, got ", q_head_padded);
+  STD_TORCH_CHECK(std::isfinite(eps) && eps >= 0, op, ": eps must be finite and >= 0, got ", eps);
+  check_index_vector(position_ids, ScalarType::Long, tokens, op, "position_ids");
+  check_index_vector(slot_mapping, ScalarType::Long, -1, op, "slot_mapping");
+  STD_TORCH_CHECK(slot_mapping.size(0) <= tokens, op, ": slot_mapping has ", slot_mapping.size(0), " entries for ",
+                  tokens, " tokens");
+  check_dtype(cos_sin_cache, op, "cos_sin_cache", {ScalarType::Float});
+  STD_TORCH_CHECK(cos_sin_cache.dim() == 2 && cos_sin_cache.size(1) == ds_mla::kRopeDim, op,
+                  ": cos_sin_cache must have shape [positions, 64] (cos || sin), got ", shape_string(cos_sin_cache));
+  check_contiguous(cos_sin_cache, op, "cos_sin_cache");
+  const Fp8Format format = checked_fp8_format(fp8_format, op);
+  QnormRopeKvInsertArgs args{};
+  args.cache = checked_cache(k_cache, cache_block_size, op, "k_cache");
+  for (const Tensor* t : {&kv, &k_cache, &slot_mapping, &position_ids, &cos_sin_cache}) {
+    check_same_device(q_in, "q_in", *t, "every other tensor argument", op);
+  }
+  args.q_in = static_cast<const uint16_t*>(q_in.data_ptr());
+  args.kv = static_cast<const uint16_t*>(kv.data_ptr());
+  args.slot_mapping = static_cast<const int64_t*>(slot_mapping.data_ptr());
+  args.insert_tokens = slot_mapping.size(0);
+  args.position_ids = static_cast<const int64_t*>(position_ids.data_ptr());
+  args.cos_sin = static_cast<const float*>(cos_sin_cache.data_ptr());
+  args.positions = cos_sin_cache.size(0);
+  args.tokens = tokens;
+  args.heads = q_in.size(1);
+  args.padded_heads = q_head_padded;
+  args.eps = static_cast<float>(eps);
+  args.apply_q_norm = apply_q_norm;
+  args.format = format;
+  args.quant_max = checked_quant_max(quant_max, format, op);
+  return args;
+}
+
+void run_qnorm_rope_kv_insert(const QnormRopeKvInsertArgs& args, const Tensor& on, const char* op) {
+  run_on_device(
+      on, args.tokens, op, [&](int64_t b, int64_t e) { cpu::qnorm_rope_kv_insert(args, b, e); },
+      [&](void* stream) {
+#if defined(DSV4OPS_WITH_GPU)
+        return gpu::launch_qnorm_rope_kv_insert(args, stream);
+#else
+        return LaunchStatus::kInvalidArgument;
+#endif
+      },
+      /*cpu_grain=*/4);
+}
+
+Tensor qnorm_rope_kv_insert(const Tensor& q_in, const Tensor& kv, Tensor k_cache, const Tensor& slot_mapping,
+                            const Tensor& position_ids, const Tensor& cos_sin_cache, int64_t q_head_padded,
+                            double eps, int64_t cache_block_size, bool apply_q_norm, int64_t fp8_format,
+                            double quant_max) {
+  constexpr const char* kOp = "dsv4.qnorm_rope_kv_insert";
+  QnormRopeKvInsertArgs args =
+      checked_qnorm_rope_kv_insert(q_in, kv, k_cache, slot_mapping, position_ids, cos_sin_cache, q_head_padded, eps,
+                                   cache_block_size, apply_q_norm, fp8_format, quant_max, kOp);
+  Tensor q_out = torch::stable::new_empty(q_in, {q_in.size(0), q_head_padded, int64_t{ds_mla::kHeadDim}});
+  args.q_out = static_cast<uint16_t*>(q_out.data_ptr());
+  run_qnorm_rope_kv_insert(args, q_in, kOp);
+  return q_out;
+}
+
+void qnorm_rope_kv_insert_out(const Tensor& q_in, const Tensor& kv, Tensor k_cache, const Tensor& slot_mapping,
+                              const Tensor& position_ids, const Tensor& cos_sin_cache, int64_t q_head_padded,
+                              double eps, int64_t cache_block_size, bool apply_q_norm, int64_t fp8_format,
+                              double quant_max, Tensor q_out) {
+  constexpr const char* kOp = "dsv4.qnorm_rope_kv_insert.out";
+  QnormRopeKvInsertArgs args =
+      checked_qnorm_rope_kv_insert(q_in, kv, k_cache, slot_mapping, position_ids, cos_sin_cache, q_head_padded, eps,
+                                   cache_block_size, apply_q_norm, fp8_format, quant_max, kOp);
+  check_bf16_rows(q_out, 3, kOp, "q_out", "[tokens, q_head_padded, 512]");
+  STD_TORCH_CHECK(q_out.size(0) == q_in.size(0) && q_out.size(1) == q_head_padded, kOp, ": q_out must have shape [",
+                  q_in.size(0), ", ", q_head_padded, ", 512], got ", shape_string(q_out));
+  check_same_device(q_in, "q_in", q_out, "q_out", kOp);
+  const bool in_place = q_out.data_ptr() == q_in.data_ptr() && q_head_padded == q_in.size(1);
+  STD_TORCH_CHECK(in_place || !overlaps(q_out, q_in), kOp,
+                  ": q_out may alias q_in only exactly and only when q_head_padded equals the number of heads");
+  STD_TORCH_CHECK(!overlaps(q_out, kv) && !overlaps(q_out, k_cache), kOp, ": q_out must not overlap kv or k_cache");
+  args.q_out = static_cast<uint16_t*>(q_out.data_ptr());
+  run_qnorm_rope_kv_insert(args, q_in, kOp);
+}
+
 void register_kv_cache_ops(torch::stable::detail::StableLibrary& m) {
+  m.impl("qnorm_rope_kv_insert", TORCH_BOX(&qnorm_rope_kv_insert));
+  m.impl("qnorm_rope_kv_insert.out", TORCH_BOX(&qnorm_rope_kv_insert_out));
   m.impl("quantize_and_insert_k_cache", TORCH_BOX(&quantize_and_insert_k_cache));
   m.impl("dequantize_and_gather_k_cache", TORCH_BOX(&dequantize_and_gather_k_cache));
 }

@@ -13,6 +13,16 @@ STABLE_TORCH_LIBRARY(dsv4, m) {
   m.def("e4m3fn_to_fnuz(Tensor weight, Tensor scale) -> (Tensor weight_fnuz, Tensor scale_fnuz)");
   m.def("e4m3fn_to_fnuz_(Tensor(a!) weight, Tensor(b!) scale) -> ()");
 
+  // Fused Q RMSNorm + RoPE and KV RoPE + UE8M0 quantization + fp8_ds_mla insert (spec/kv_cache.md §3).
+  m.def(
+      "qnorm_rope_kv_insert(Tensor q_in, Tensor kv, Tensor(a!) k_cache, Tensor slot_mapping, Tensor position_ids, "
+      "Tensor cos_sin_cache, int q_head_padded, float eps, int cache_block_size, bool apply_q_norm, "
+      "int fp8_format, float quant_max) -> Tensor");
+  m.def(
+      "qnorm_rope_kv_insert.out(Tensor q_in, Tensor kv, Tensor(a!) k_cache, Tensor slot_mapping, "
+      "Tensor position_ids, Tensor cos_sin_cache, int q_head_padded, float eps, int cache_block_size, "
+      "bool apply_q_norm, int fp8_format, float quant_max, *, Tensor(b!) q_out) -> ()");
+
   // fp8_ds_mla cache utilities (spec/kv_cache.md §4.1, §9.1, §9.2).
   m.def(
       "quantize_and_insert_k_cache(Tensor k, Tensor(a!) k_cache, Tensor slot_mapping, int block_size, "

@@ -4,24 +4,25 @@
 #include <cstring>
 
 #include "dsv4/bf16.h"
+#include "dsv4/rope.h"
 
 namespace dsv4::cpu {
 namespace {
 
 template <Fp8Format F>
-void write_record(const uint16_t* k, const KvInsertArgs& args, int64_t slot) {
-  const ds_mla::RecordAddress address = ds_mla::record_address(slot, args.cache.block_size, args.cache.block_stride);
-  uint8_t* data = args.cache.bytes + address.data;
-  uint8_t* scales = args.cache.bytes + address.scale;
+void write_record(const uint16_t* k, const DsMlaCache& cache, float quant_max, int64_t slot) {
+  const ds_mla::RecordAddress address = ds_mla::record_address(slot, cache.block_size, cache.block_stride);
+  uint8_t* data = cache.bytes + address.data;
+  uint8_t* scales = cache.bytes + address.scale;
   for (int block = 0; block < ds_mla::kNumQuantBlocks; ++block) {
     const uint16_t* x = k + block * ds_mla::kQuantBlock;
     float amax = 0.0f;  // std::fmax ignores NaN
     for (int i = 0; i < ds_mla::kQuantBlock; ++i) amax = std::fmax(amax, std::fabs(bf16_bits_to_float(x[i])));
-    const uint8_t scale_byte = ue8m0_encode_rceil(amax, args.quant_max, ds_mla::kAmaxFloor);
+    const uint8_t scale_byte = ue8m0_encode_rceil(amax, quant_max, ds_mla::kAmaxFloor);
     const float inverse_scale = ds_mla::ue8m0_inverse_scale(scale_byte);
     for (int i = 0; i < ds_mla::kQuantBlock; ++i) {
       data[block * ds_mla::kQuantBlock + i] =
-          ds_mla::quantize_nope_value<F>(bf16_bits_to_float(x[i]), inverse_scale, args.quant_max);
+          ds_mla::quantize_nope_value<F>(bf16_bits_to_float(x[i]), inverse_scale, quant_max);
     }
     scales[block] = scale_byte;
   }
@@ -41,7 +42,56 @@ void read_record(const KvGatherArgs& args, int64_t slot, uint16_t* out) {
   std::memcpy(out + ds_mla::kNopeDim, data + ds_mla::kNopeDim, 2 * ds_mla::kRopeDim);
 }
 
+// One row of 512 bf16 values: optional weightless RMSNorm (the caller passes factor 1 to skip it) and
+// GPT-J RoPE on dims 448..511, in fp32.
+void norm_rope_row(const uint16_t* in, float* values, bool apply_norm, float eps, const float* cos_sin_row) {
+  float sum = 0.0f;
+  for (int i = 0; i < ds_mla::kHeadDim; ++i) {
+    values[i] = bf16_bits_to_float(in[i]);
+    sum += values[i] * values[i];
+  }
+  if (apply_norm) {
+    const float factor = rms_inverse(sum, ds_mla::kHeadDim, eps);
+    for (int i = 0; i < ds_mla::kHeadDim; ++i) values[i] *= factor;
+  }
+  for (int pair = 0; pair < ds_mla::kRopeDim / 2; ++pair) {
+    rope_rotate_pair(values[ds_mla::kNopeDim + 2 * pair], values[ds_mla::kNopeDim + 2 * pair + 1], cos_sin_row[pair],
+                     cos_sin_row[ds_mla::kRopeDim / 2 + pair]);
+  }
+}
+
 }  // namespace
+
+void qnorm_rope_kv_insert(const QnormRopeKvInsertArgs& args, int64_t begin, int64_t end) {
+  with_fp8_format(args.format, [&](auto format_tag) {
+    constexpr Fp8Format kFormat = decltype(format_tag)::value;
+    float values[ds_mla::kHeadDim];
+    uint16_t rounded[ds_mla::kHeadDim];
+    for (int64_t token = begin; token < end; ++token) {
+      const int64_t position = args.position_ids[token];
+      const bool position_ok = position >= 0 && position < args.positions;
+      const float* cos_sin_row = args.cos_sin + (position_ok ? position : 0) * ds_mla::kRopeDim;
+      if (token < args.insert_tokens && position_ok) {
+        const int64_t slot = args.slot_mapping[token];
+        if (slot >= 0 && slot < args.cache.capacity()) {
+          norm_rope_row(args.kv + token * ds_mla::kHeadDim, values, false, 0.0f, cos_sin_row);
+          for (int i = 0; i < ds_mla::kHeadDim; ++i) rounded[i] = float_to_bf16_bits(values[i]);
+          write_record<kFormat>(rounded, args.cache, args.quant_max, slot);
+        }
+      }
+      for (int64_t head = 0; head < args.padded_heads; ++head) {
+        uint16_t* out = args.q_out + (token * args.padded_heads + head) * ds_mla::kHeadDim;
+        if (head >= args.heads || !position_ok) {
+          std::memset(out, 0, 2 * ds_mla::kHeadDim);
+          continue;
+        }
+        norm_rope_row(args.q_in + (token * args.heads + head) * ds_mla::kHeadDim, values, args.apply_q_norm, args.eps,
+                      cos_sin_row);
+        for (int i = 0; i < ds_mla::kHeadDim; ++i) out[i] = float_to_bf16_bits(values[i]);
+      }
+    }
+  });
+}
 
 void quantize_and_insert_k_cache(const KvInsertArgs& args, int64_t begin, int64_t end) {
   with_fp8_format(args.format, [&](auto format_tag) {
@@ -49,7 +99,7 @@ void quantize_and_insert_k_cache(const KvInsertArgs& args, int64_t begin, int64_
     for (int64_t token = begin; token < end; ++token) {
       const int64_t slot = args.slot_mapping[token];
       if (slot < 0 || slot >= args.cache.capacity()) continue;
-      write_record<kFormat>(args.k + token * args.k_row_stride, args, slot);
+      write_record<kFormat>(args.k + token * args.k_row_stride, args.cache, args.quant_max, slot);
     }
   });
 }

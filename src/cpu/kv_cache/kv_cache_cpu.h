@@ -7,6 +7,9 @@
 namespace dsv4::cpu {
 
 // Tokens [begin, end) of args.
+void qnorm_rope_kv_insert(const QnormRopeKvInsertArgs& args, int64_t begin, int64_t end);
+
+// Tokens [begin, end) of args.
 void quantize_and_insert_k_cache(const KvInsertArgs& args, int64_t begin, int64_t end);
 
 // Requests [begin, end) of args.

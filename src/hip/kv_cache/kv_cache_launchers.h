@@ -51,7 +51,32 @@ struct KvGatherArgs {
   Fp8Format format;
 };
 
+// qnorm_rope_kv_insert (spec/kv_cache.md §3.3): for every token, each of the `heads` Q heads gets the
+// weightless RMSNorm (if apply_q_norm) and GPT-J RoPE, rounded once to bf16 into q_out; heads up to
+// padded_heads are written as +0. The first insert_tokens tokens also get their KV rotated, rounded to
+// bf16 and written as an fp8_ds_mla record at slot_mapping[t] (negative or out-of-cache slots skipped).
+// A token whose position is outside [0, positions) gets an all-zero Q row and no KV write.
+struct QnormRopeKvInsertArgs {
+  const uint16_t* q_in;  // bf16 [tokens, heads, 512], contiguous
+  uint16_t* q_out;       // bf16 [tokens, padded_heads, 512], contiguous (may be q_in when padded_heads == heads)
+  const uint16_t* kv;    // bf16 [tokens, 512], contiguous
+  const int64_t* slot_mapping;
+  int64_t insert_tokens;
+  const int64_t* position_ids;
+  const float* cos_sin;  // fp32 [positions, 64]: cos || sin
+  int64_t positions;
+  int64_t tokens;
+  int64_t heads;
+  int64_t padded_heads;
+  float eps;
+  bool apply_q_norm;
+  DsMlaCache cache;
+  Fp8Format format;
+  float quant_max;
+};
+
 namespace gpu {
+LaunchStatus launch_qnorm_rope_kv_insert(const QnormRopeKvInsertArgs& args, void* stream);
 LaunchStatus launch_quantize_and_insert_k_cache(const KvInsertArgs& args, void* stream);
 LaunchStatus launch_dequantize_and_gather_k_cache(const KvGatherArgs& args, void* stream);
 }  // namespace gpu

@@ -1,0 +1,35 @@
+// GPT-J (interleaved pairs) rotary embedding on the last 64 of 512 dims, in fp32 (spec/kv_cache.md
+// Conventions). Pair p is dims (448+2p, 449+2p); c = cos_sin[pos][p], s = cos_sin[pos][32+p].
+// Torch-free, host and device.
+#pragma once
+
+#include <cmath>
+
+#include "dsv4/platform.h"
+
+namespace dsv4 {
+
+// Forward rotation: e' = e*c - o*s, o' = e*s + o*c.
+DSV4_HD void rope_rotate_pair(float& even, float& odd, float c, float s) {
+  const float e = even;
+  const float o = odd;
+  even = e * c - o * s;
+  odd = e * s + o * c;
+}
+
+// Inverse rotation: a' = a*c + b*s, b' = b*c - a*s.
+DSV4_HD void rope_unrotate_pair(float& even, float& odd, float c, float s) {
+  const float a = even;
+  const float b = odd;
+  even = a * c + b * s;
+  odd = b * c - a * s;
+}
+
+// 1 / sqrt(mean of squares + eps) for an RMSNorm over n values, from their fp32 sum of squares. Correctly
+// rounded sqrt and division on every target (no rsqrt approximation), so CPU and GPU differ only by
+// the order of the sum.
+DSV4_HD float rms_inverse(float sum_of_squares, int n, float eps) {
+  return 1.0f / sqrtf(sum_of_squares / static_cast<float>(n) + eps);
+}
+
+}  // namespace dsv4

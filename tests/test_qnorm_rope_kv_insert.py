@@ -1,0 +1,318 @@
+"""dsv4.qnorm_rope_kv_insert (+ .out): the upstream test matrix of spec/kv_cache.md §10 (Q path, KV path,
+DP padding, combined; the full-cache variants are not kernels yet), in both encodings on every device,
+plus the guards, the caller-owned output, invalid inputs, opcheck, torch.compile and graph capture.
+
+Q: within rtol = atol = 1e-2 of the reference, pad heads exactly +0. KV: both caches decoded with the
+reference reader; NoPE bit-identical, RoPE tail within 1 bf16 ULP (fp32 contraction may differ), and
+the NoPE error of the kernel's cache at most half an FP8 ULP at the block maximum."""
+
+import pytest
+import torch
+
+import dsv4ops
+from dsv4ops import Fp8Format
+from dsv4ops.reference import kv_cache as reference
+
+from conftest import DEVICES, FORMATS, assert_bits_equal
+
+HEAD_PAIRS = [(1, 8), (8, 8), (8, 16), (16, 16), (16, 32), (32, 32), (8, 64), (64, 64), (64, 128)]
+PAIR_IDS = [f"H{h}-Hp{hp}" for h, hp in HEAD_PAIRS]
+EPS = 1e-6
+_COS_SIN = {}
+
+
+def cos_sin_cache(max_pos=4096):
+    if max_pos not in _COS_SIN:
+        inv_freq = 10000.0 ** (-torch.arange(0, 64, 2, dtype=torch.float32) / 64)
+        freqs = torch.outer(torch.arange(max_pos, dtype=torch.float32), inv_freq)
+        _COS_SIN[max_pos] = torch.cat([freqs.cos(), freqs.sin()], dim=1)
+    return _COS_SIN[max_pos]
+
+
+def inputs(n, h, seed, device):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(n, h, 512, generator=g).to(torch.bfloat16)
+    kv = torch.randn(n, 512, generator=g).to(torch.bfloat16)
+    return q, kv
+
+
+def run_op(q, kv, cache, slots, positions, hp, bs, fmt, device, apply_q_norm=True):
+    return torch.ops.dsv4.qnorm_rope_kv_insert(
+        q.to(device), kv.to(device), cache, slots.to(device), positions.to(device), cos_sin_cache().to(device), hp,
+        EPS, bs, apply_q_norm, int(fmt), fmt.default_quant_max)
+
+
+def bf16_ulp_distance(a, b):
+    def monotone(x):
+        bits = x.contiguous().view(torch.int16).to(torch.int32)
+        return torch.where(bits < 0, -(bits & 0x7FFF), bits)
+
+    return (monotone(a) - monotone(b)).abs()
+
+
+def assert_q_close(q_out, q_ref, h):
+    q_out = q_out.cpu()
+    torch.testing.assert_close(q_out[:, :h].float(), q_ref[:, :h].float(), rtol=1e-2, atol=1e-2)
+    pad = q_out[:, h:]
+    assert bool((pad.view(torch.int16) == 0).all()), "pad heads must be +0"
+
+
+def decode_cache(cache, n, bs, fmt):
+    blocks = cache.shape[0]
+    out = torch.zeros(1, n, 512, dtype=torch.bfloat16)
+    table = torch.arange(blocks, dtype=torch.int32)[None]
+    reference.dequantize_and_gather_k_cache(out, cache.cpu(), torch.tensor([n], dtype=torch.int32), None, table, bs,
+                                            0, fmt)
+    return out[0]
+
+
+def assert_kv_parity(cache, expected_cache, n, bs, fmt):
+    got, want = decode_cache(cache, n, bs, fmt), decode_cache(expected_cache, n, bs, fmt)
+    assert_bits_equal(got[:, :448], want[:, :448])
+    assert int(bf16_ulp_distance(got[:, 448:], want[:, 448:]).max()) <= 1
+    # scale bytes and pad bytes exactly equal
+    scales = lambda c: c.cpu().view(c.shape[0], -1)[:, bs * 576 : bs * 584]  # noqa: E731
+    assert torch.equal(scales(cache), scales(expected_cache))
+
+
+def reference_run(q, kv, slots, positions, hp, bs, fmt, blocks, apply_q_norm=True):
+    cache = torch.zeros(blocks, bs * 584, dtype=torch.uint8)
+    q_out = reference.qnorm_rope_kv_insert(q, kv, cache, slots, positions, cos_sin_cache(), hp, EPS, bs, apply_q_norm,
+                                           fmt, fmt.default_quant_max)
+    return q_out, cache
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("h,hp", HEAD_PAIRS, ids=PAIR_IDS)
+@pytest.mark.parametrize("n", [1, 4, 17, 64, 2048])
+def test_q_path_matches_reference(device, h, hp, n):
+    q, kv = inputs(n, h, seed=0, device=device)
+    positions = torch.arange(n)
+    slots = torch.full((n,), -1, dtype=torch.long)
+    cache = torch.zeros(2, 16 * 584, dtype=torch.uint8, device=device)
+    q_out = run_op(q, kv, cache, slots, positions, hp, 16, Fp8Format.OCP, device)
+    assert q_out.shape == (n, hp, 512) and q_out.dtype == torch.bfloat16
+    q_ref, _ = reference_run(q, kv, slots, positions, hp, 16, Fp8Format.OCP, 2)
+    assert_q_close(q_out, q_ref, h)
+    assert bool((cache == 0).all()), "no slot was valid: the cache must be untouched"
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("bs", [16, 64])
+@pytest.mark.parametrize("n", [1, 4, 17, 64, 2048])
+def test_kv_path_matches_reference(device, fmt, bs, n):
+    q, kv = inputs(n, 1, seed=1, device=device)
+    positions = torch.arange(n)
+    slots = torch.arange(n)
+    blocks = -(-n // bs) + 1
+    cache = torch.zeros(blocks, bs * 584, dtype=torch.uint8, device=device)
+    run_op(q, kv, cache, slots, positions, 64, bs, fmt, device)
+    _, expected = reference_run(q, kv, slots, positions, 64, bs, fmt, blocks)
+    assert_kv_parity(cache, expected, n, bs, fmt)
+    # half an FP8 ULP at the block maximum: 16 (OCP, quantum 32 near 448) or 8 (FNUZ near 224) times the scale
+    exact = reference.rope_gptj(kv, positions, cos_sin_cache()).to(torch.bfloat16).float()
+    decoded = decode_cache(cache, n, bs, fmt).float()
+    scale_bytes = cache.cpu().view(blocks, -1)[:, bs * 576 :].reshape(-1, 8)[:n, :7].float()
+    bound = (16.0 if fmt is Fp8Format.OCP else 8.0) * torch.pow(2.0, scale_bytes - 127)
+    err = (decoded[:, :448] - exact[:, :448]).abs().reshape(n, 7, 64).amax(dim=-1)
+    assert bool((err <= bound).all())
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("bs", [16, 64])
+@pytest.mark.parametrize("pad", [1, 5])
+@pytest.mark.parametrize("n", [4, 17, 2048])
+def test_kv_path_with_dp_padding(device, fmt, bs, pad, n):
+    q, kv = inputs(n + pad, 1, seed=2, device=device)
+    positions = torch.arange(n + pad)
+    slots = torch.arange(n)
+    blocks = -(-n // bs) + 1
+    cache = torch.zeros(blocks, bs * 584, dtype=torch.uint8, device=device)
+    q_out = run_op(q, kv, cache, slots, positions, 8, bs, fmt, device)
+    assert q_out.shape == (n + pad, 8, 512)
+    _, expected = reference_run(q[:n], kv[:n], slots, positions[:n], 8, bs, fmt, blocks)
+    assert_kv_parity(cache, expected, n, bs, fmt)
+    q_ref, _ = reference_run(q, kv, slots, positions, 8, bs, fmt, blocks)
+    assert_q_close(q_out, q_ref, 1)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("bs", [16, 64])
+@pytest.mark.parametrize("h,hp", HEAD_PAIRS, ids=PAIR_IDS)
+@pytest.mark.parametrize("n", [1, 4, 17, 2048])
+def test_combined_q_and_kv(device, fmt, bs, h, hp, n):
+    q, kv = inputs(n, h, seed=3, device=device)
+    positions = torch.arange(n)
+    slots = torch.arange(n)
+    blocks = -(-n // bs) + 1
+    cache = torch.zeros(blocks, bs * 584, dtype=torch.uint8, device=device)
+    q_out = run_op(q, kv, cache, slots, positions, hp, bs, fmt, device)
+    q_ref, expected = reference_run(q, kv, slots, positions, hp, bs, fmt, blocks)
+    assert_q_close(q_out, q_ref, h)
+    assert_kv_parity(cache, expected, n, bs, fmt)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_guards_no_norm_and_out_of_table_positions(device):
+    n, h, hp, bs = 9, 4, 8, 16
+    q, kv = inputs(n, h, seed=4, device=device)
+    positions = torch.tensor([0, 1, 2, 4095, 4096, -1, 7, 8, 2**40])  # 4096, -1 and 2^40 are outside the table
+    slots = torch.tensor([0, -2, 40, 3, 4, 5, 2**40, 7])  # N_ins = 8; slot 40 is past 2 blocks of 16
+    cache = torch.full((2, bs * 584), 0xAB, dtype=torch.uint8, device=device)
+    for apply_q_norm in (True, False):
+        q_out = run_op(q, kv, cache, slots, positions, hp, bs, Fp8Format.OCP, device, apply_q_norm)
+        expected_cache = torch.full((2, bs * 584), 0xAB, dtype=torch.uint8)
+        q_ref = reference.qnorm_rope_kv_insert(q, kv, expected_cache, slots, positions, cos_sin_cache(), hp, EPS, bs,
+                                               apply_q_norm, Fp8Format.OCP)
+        assert_q_close(q_out, q_ref, h)
+        assert bool((q_out[[4, 5, 8]].cpu().view(torch.int16) == 0).all())
+        got = cache.cpu()
+        rope_bytes = torch.zeros(bs * 584, dtype=torch.bool)
+        for p in range(bs):
+            rope_bytes[p * 576 + 448 : p * 576 + 576] = True
+        assert torch.equal(got[:, ~rope_bytes], expected_cache[:, ~rope_bytes])  # NoPE, scales and canaries exact
+        ulp = bf16_ulp_distance(got[:, rope_bytes].view(torch.bfloat16), expected_cache[:, rope_bytes].view(torch.bfloat16))
+        assert int(ulp.max()) <= 1
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_out_form_and_in_place(device):
+    n, h, bs = 6, 8, 16
+    q, kv = inputs(n, h, seed=5, device=device)
+    positions, slots = torch.arange(n), torch.arange(n)
+    args = lambda cache: (q.to(device), kv.to(device), cache, slots.to(device), positions.to(device),  # noqa: E731
+                          cos_sin_cache().to(device))
+    cache_a = torch.zeros(2, bs * 584, dtype=torch.uint8, device=device)
+    allocated = torch.ops.dsv4.qnorm_rope_kv_insert(*args(cache_a), 16, EPS, bs, True, 0, 448.0)
+    cache_b = torch.zeros_like(cache_a)
+    q_out = torch.full((n, 16, 512), 3.0, dtype=torch.bfloat16, device=device)
+    torch.ops.dsv4.qnorm_rope_kv_insert.out(*args(cache_b), 16, EPS, bs, True, 0, 448.0, q_out=q_out)
+    assert_bits_equal(q_out.cpu(), allocated.cpu())
+    assert torch.equal(cache_a.cpu(), cache_b.cpu())
+    in_place = q.clone().to(device)
+    cache_c = torch.zeros_like(cache_a)
+    torch.ops.dsv4.qnorm_rope_kv_insert.out(in_place, kv.to(device), cache_c, slots.to(device), positions.to(device),
+                                            cos_sin_cache().to(device), h, EPS, bs, True, 0, 448.0, q_out=in_place)
+    assert_bits_equal(in_place.cpu(), allocated[:, :h].cpu())
+    with pytest.raises(RuntimeError, match="may alias q_in only exactly and only when q_head_padded equals"):
+        padded_alias = torch.zeros(n, 16, 512, dtype=torch.bfloat16, device=device)
+        overlapping_q = padded_alias.view(-1)[: n * h * 512].view(n, h, 512)  # contiguous, shares q_out's memory
+        torch.ops.dsv4.qnorm_rope_kv_insert.out(overlapping_q, kv.to(device), cache_c, slots.to(device),
+                                                positions.to(device), cos_sin_cache().to(device), 16, EPS, bs, True,
+                                                0, 448.0, q_out=padded_alias)
+    wrapped = dsv4ops.qnorm_rope_kv_insert(q.to(device), kv.to(device), torch.zeros_like(cache_a), slots.to(device),
+                                           positions.to(device).int(), cos_sin_cache().to(device), 16,
+                                           cache_block_size=bs, fp8_format="ocp")
+    assert_bits_equal(wrapped.cpu(), allocated.cpu())
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_empty(device):
+    out = torch.ops.dsv4.qnorm_rope_kv_insert(
+        torch.empty(0, 4, 512, dtype=torch.bfloat16, device=device), torch.empty(0, 512, dtype=torch.bfloat16, device=device),
+        torch.zeros(1, 16 * 584, dtype=torch.uint8, device=device), torch.empty(0, dtype=torch.long, device=device),
+        torch.empty(0, dtype=torch.long, device=device), cos_sin_cache(16).to(device), 8, EPS, 16, True, 1, 224.0)
+    assert out.shape == (0, 8, 512)
+
+
+Q = torch.zeros(3, 2, 512, dtype=torch.bfloat16)
+KV = torch.zeros(3, 512, dtype=torch.bfloat16)
+C = torch.zeros(2, 16 * 584, dtype=torch.uint8)
+S = torch.arange(3)
+P = torch.arange(3)
+CS = torch.zeros(16, 64)
+
+
+def _args(**over):
+    base = dict(q_in=Q, kv=KV, k_cache=C, slot_mapping=S, position_ids=P, cos_sin_cache=CS, q_head_padded=8,
+                eps=EPS, cache_block_size=16, apply_q_norm=True, fp8_format=0, quant_max=448.0)
+    base.update(over)
+    return tuple(base.values())
+
+
+@pytest.mark.parametrize(
+    "over,match",
+    [
+        (dict(q_in=Q.float()), "q_in must have dtype bfloat16, got float32"),
+        (dict(q_in=Q[:, :, :256]), r"q_in must have shape \[tokens, heads, 512\]"),
+        (dict(kv=KV[:2]), "kv must have 3 rows"),
+        (dict(q_head_padded=1), "q_head_padded must be >= the 2 heads"),
+        (dict(position_ids=P.int()), "position_ids must have dtype int64, got int32"),
+        (dict(position_ids=P[:2]), "position_ids must have 3 entries, got 2"),
+        (dict(slot_mapping=torch.arange(4)), "slot_mapping has 4 entries for 3 tokens"),
+        (dict(cos_sin_cache=CS[:, :32]), r"cos_sin_cache must have shape \[positions, 64\]"),
+        (dict(cos_sin_cache=CS.double()), "cos_sin_cache must have dtype float32"),
+        (dict(cache_block_size=0), "block_size must be positive"),
+        (dict(eps=float("nan")), "eps must be finite"),
+        (dict(fp8_format=1, quant_max=300.0), r"quant_max must be in \(0, 240\]"),
+        (dict(q_in=Q.transpose(0, 1)), "must have shape|must be contiguous"),
+    ],
+)
+def test_invalid_inputs(over, match):
+    with pytest.raises(RuntimeError, match=match):
+        torch.ops.dsv4.qnorm_rope_kv_insert(*_args(**over))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_opcheck(device):
+    q, kv = inputs(5, 2, seed=6, device=device)
+    cs = cos_sin_cache(64).to(device)
+    cache = torch.zeros(1, 16 * 584, dtype=torch.uint8, device=device)
+    args = (q.to(device), kv.to(device), cache, torch.arange(5, device=device), torch.arange(5, device=device), cs, 8,
+            EPS, 16, True, 1, 224.0)
+    torch.library.opcheck(torch.ops.dsv4.qnorm_rope_kv_insert.default, args)
+    torch.library.opcheck(torch.ops.dsv4.qnorm_rope_kv_insert.out, args,
+                          {"q_out": torch.empty(5, 8, 512, dtype=torch.bfloat16, device=device)})
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_torch_compile_fullgraph(device):
+    q, kv = inputs(7, 4, seed=7, device=device)
+    cs = cos_sin_cache(64).to(device)
+
+    def f(q, kv, cache, slots, positions):
+        return torch.ops.dsv4.qnorm_rope_kv_insert(q * 1, kv, cache, slots, positions, cs, 8, EPS, 16, True, 0, 448.0)
+
+    make = lambda: (q.to(device), kv.to(device), torch.zeros(1, 16 * 584, dtype=torch.uint8, device=device),  # noqa: E731
+                    torch.arange(7, device=device), torch.arange(7, device=device))
+    a, b = make(), make()
+    assert_bits_equal(torch.compile(f, fullgraph=True)(*a).cpu(), f(*b).cpu())
+    assert torch.equal(a[2].cpu(), b[2].cpu())
+
+
+@pytest.mark.gpu
+def test_graph_capture_and_replay():
+    device = "cuda"
+    n, h, bs = 64, 8, 64
+    q, kv = (t.to(device) for t in inputs(n, h, seed=8, device=device))
+    cache = torch.zeros(2, bs * 584, dtype=torch.uint8, device=device)
+    slots, positions = torch.arange(n, device=device), torch.arange(n, device=device)
+    cs = cos_sin_cache().to(device)
+    q_out = torch.empty(n, 16, 512, dtype=torch.bfloat16, device=device)
+
+    def run():
+        torch.ops.dsv4.qnorm_rope_kv_insert.out(q, kv, cache, slots, positions, cs, 16, EPS, bs, True, 1, 224.0,
+                                                q_out=q_out)
+
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        run()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=stream):
+        run()
+    fresh_q, fresh_kv = inputs(n, h, seed=9, device="cpu")
+    q.copy_(fresh_q.to(device))
+    kv.copy_(fresh_kv.to(device))
+    positions.copy_(torch.arange(100, 100 + n, device=device))
+    cache.zero_()
+    graph.replay()
+    torch.cuda.synchronize()
+    q_ref, expected = reference_run(fresh_q, fresh_kv, torch.arange(n), torch.arange(100, 100 + n), 16, bs,
+                                    Fp8Format.FNUZ, 2)
+    assert_q_close(q_out, q_ref, h)
+    assert_kv_parity(cache, expected, n, bs, Fp8Format.FNUZ)
