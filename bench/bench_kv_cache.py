@@ -2,8 +2,10 @@
 
     python bench/bench_kv_cache.py [--device cuda] [--out bench/results] [--no-compile]
 
-Bytes counted: K rows read (1024 B/token) + slots, records written (584 B/token) for the insert;
-records read (584 B/token) + bf16 rows written (1024 B/token) for the gather. Peers in the same run:
+Bytes counted: for the fused insert, Q read and written (2 x 1024 B per head and token), the KV row,
+positions, slots, the record (584 B) and the cos/sin row; for the plain insert, K rows read (1024
+B/token) + slots, records written (584 B/token); for the gather, records read (584 B/token) + bf16
+rows written (1024 B/token). Peers in the same run:
 the PyTorch reference eager and under torch.compile (prefill sizes only: compiling it is slow).
 """
 
@@ -55,6 +57,48 @@ def bench_insert(device, ceiling, compile_peers):
     return rows
 
 
+FUSED_CASES = [("Flash decode N=1 H=64", 1, 64), ("Flash decode N=8 H=64", 8, 64), ("Flash decode N=64 H=64", 64, 64),
+               ("Flash prefill N=2048 H=64", 2048, 64), ("Flash prefill N=8192 H=64", 8192, 64),
+               ("Pro prefill N=8192 H=128", 8192, 128)]
+
+
+def bench_fused_insert(device, ceiling, compile_peers):
+    """qnorm_rope_kv_insert with q_head_padded = H (ROCm passes no padding)."""
+    rows = []
+    fmt = dsv4ops.fp8_format(device)
+    qmax = fmt.default_quant_max
+    inv_freq = 10000.0 ** (-torch.arange(0, 64, 2, dtype=torch.float32) / 64)
+    freqs = torch.outer(torch.arange(16384, dtype=torch.float32), inv_freq)
+    cos_sin = torch.cat([freqs.cos(), freqs.sin()], dim=1).to(device)
+    ref_compiled = torch.compile(reference.qnorm_rope_kv_insert, dynamic=False) if compile_peers else None
+    for case, n, h in FUSED_CASES:
+        blocks = max(2, 2 * n // BLOCK_SIZE)
+        # Q read + Q written (bf16), KV read (bf16), positions + slots, records written; cos/sin rows read.
+        nbytes = n * (2 * h * 1024 + 1024 + 16 + 584 + 256)
+
+        def make():
+            q = torch.randn(n, h, 512, device=device).to(torch.bfloat16)
+            kv = torch.randn(n, 512, device=device).to(torch.bfloat16)
+            cache = torch.zeros(blocks, BLOCK_SIZE * 584, dtype=torch.uint8, device=device)
+            slots = torch.randperm(blocks * BLOCK_SIZE, device=device)[:n]
+            positions = torch.randint(0, 16384, (n,), device=device)
+            return q, kv, cache, slots, positions
+
+        sets = input_sets(make, nbytes, device)
+        ours = lambda q, kv, c, s, p: torch.ops.dsv4.qnorm_rope_kv_insert(  # noqa: E731
+            q, kv, c, s, p, cos_sin, h, 1e-6, BLOCK_SIZE, True, int(fmt), qmax)
+        times = {"dsv4ops": time_per_call(ours, sets, device)}
+        times["reference eager"] = time_per_call(
+            lambda q, kv, c, s, p: reference.qnorm_rope_kv_insert(q, kv, c, s, p, cos_sin, h, 1e-6, BLOCK_SIZE, True,
+                                                                  fmt, qmax), sets, device)
+        if ref_compiled is not None and n >= 2048:
+            time_peer(times, "reference compiled",
+                      lambda q, kv, c, s, p: ref_compiled(q, kv, c, s, p, cos_sin, h, 1e-6, BLOCK_SIZE, True, fmt, qmax),
+                      sets, device, case)
+        rows += make_rows("qnorm_rope_kv_insert", f"{case} {fmt.name}", nbytes, times, "dsv4ops", ceiling)
+    return rows
+
+
 def bench_gather(device, ceiling, compile_peers):
     rows = []
     fmt = dsv4ops.fp8_format(device)
@@ -91,9 +135,10 @@ def bench_gather(device, ceiling, compile_peers):
 
 def shrink():
     INSERT_TOKENS[:] = INSERT_TOKENS[:2]
+    FUSED_CASES[:] = [("smoke N=4 H=8", 4, 8)]
     GATHER_CASES[:] = [("smoke 2 x 128", 2, 128)]
 
 
 if __name__ == "__main__":
-    bench_main(__doc__.splitlines()[0], "kv_cache", [bench_insert, bench_gather], shrink,
+    bench_main(__doc__.splitlines()[0], "kv_cache", [bench_fused_insert, bench_insert, bench_gather], shrink,
                ["encoding: the device's own (OCP 448 on NVIDIA); cache block size 64"])

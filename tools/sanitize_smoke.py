@@ -36,5 +36,15 @@ for block_size, extra in ((16, 0), (64, 48)):
         table = torch.tensor([[0, 2, 1, 7], [1, 1, 1, 1], [-3, 2**30, 1, 0]], dtype=torch.int32, device=dev)
         for gather_lens in (None, torch.tensor([3, 5, 1000], dtype=torch.int32, device=dev)):
             ops.dequantize_and_gather_k_cache(out, cache, lens, gather_lens, table, block_size, 2, fmt)
+cos_sin = torch.randn(64, 64, device=dev)
+for n, h, hp in ((1, 1, 8), (7, 3, 3), (33, 8, 16)):
+    q = torch.randn(n, h, 512, device=dev).to(torch.bfloat16)
+    kv = torch.randn(n, 512, device=dev).to(torch.bfloat16)
+    cache = torch.zeros(2, 16 * 584, dtype=torch.uint8, device=dev)
+    positions = torch.arange(n, device=dev) * 3 - 1  # -1 and positions past the 64-row table included
+    slots = torch.arange(n, device=dev) * 5 - 2  # negative and past-capacity slots included
+    for fmt, qmax in ((0, 448.0), (1, 224.0)):
+        ops.qnorm_rope_kv_insert(q, kv, cache, slots, positions, cos_sin, hp, 1e-6, 16, True, fmt, qmax)
+        ops.qnorm_rope_kv_insert(q, kv, cache, slots[: n // 2], positions, cos_sin, hp, 1e-6, 16, False, fmt, qmax)
 torch.cuda.synchronize()
 print("sanitize smoke: all ops ran")
