@@ -77,3 +77,17 @@ def edge_values(fmt: Fp8Format) -> torch.Tensor:
               unit * 7.5, unit / 3, -1e-30, 1.0625, 1.1875, -1.0625, 3.0, 0.1, 1.0, 2.0, 1e-45, -1e-45,
               float(torch.finfo(torch.float32).max), float(torch.finfo(torch.float32).tiny)]
     return torch.tensor(values, dtype=torch.float32)
+
+
+def capture_graph(fn):
+    """Runs fn once on a side stream (warm-up), then captures it into a CUDA graph on that stream.
+    Returns (graph, what the captured call returned)."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=stream):
+        out = fn()
+    return graph, out

@@ -7,7 +7,7 @@ import torch
 import dsv4ops
 from dsv4ops import Fp8Format
 
-from conftest import FORMATS, assert_bits_equal, assert_bytes_equal
+from conftest import FORMATS, assert_bits_equal, assert_bytes_equal, capture_graph
 
 pytestmark = pytest.mark.gpu
 
@@ -42,18 +42,6 @@ def test_hardware_encode_equals_torch_cast_in_range():
     assert_bytes_equal(torch.ops.dsv4.fp8_encode(y, 1, 240.0), y.to(torch.float8_e4m3fnuz))
 
 
-def _capture(fn):
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        fn()  # warm up outside the graph
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, stream=stream):
-        out = fn()
-    return graph, out
-
-
 def test_graph_capture_and_replay_all_ops():
     torch.manual_seed(0)
     x = torch.randn(4096, 512, device="cuda")
@@ -74,7 +62,7 @@ def test_graph_capture_and_replay_all_ops():
             torch.ops.dsv4.e4m3fn_to_fnuz_(weight, weight_scale),
         )
 
-    graph, outputs = _capture(run)
+    graph, outputs = capture_graph(run)
     for trial in range(2):  # fresh data into the captured buffers, replay, compare with eager
         x.copy_(torch.randn_like(x) * (trial + 1))
         codes.copy_(torch.randint(0, 256, codes.shape, dtype=torch.int32, device="cuda").to(torch.uint8))

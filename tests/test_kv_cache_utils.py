@@ -9,7 +9,7 @@ import dsv4ops
 from dsv4ops import Fp8Format
 from dsv4ops.reference import kv_cache as reference
 
-from conftest import DEVICES, FORMATS, assert_bits_equal, assert_bytes_equal
+from conftest import DEVICES, FORMATS, assert_bits_equal, assert_bytes_equal, capture_graph
 
 CANARY = 0xAB
 
@@ -207,14 +207,7 @@ def test_graph_capture_and_replay():
         torch.ops.dsv4.quantize_and_insert_k_cache(k, cache, slots, 64, 1, 224.0)
         torch.ops.dsv4.dequantize_and_gather_k_cache(out, cache, lens, None, table, 64, 0, 1)
 
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        run()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, stream=stream):
-        run()
+    graph, _ = capture_graph(run)
     fresh = make_k(64, seed=8)
     k.copy_(fresh.to(device))
     slots.copy_(torch.arange(64, 128, device=device))

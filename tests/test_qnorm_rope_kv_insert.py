@@ -13,7 +13,7 @@ import dsv4ops
 from dsv4ops import Fp8Format
 from dsv4ops.reference import kv_cache as reference
 
-from conftest import DEVICES, FORMATS, assert_bits_equal
+from conftest import DEVICES, FORMATS, assert_bits_equal, capture_graph
 
 HEAD_PAIRS = [(1, 8), (8, 8), (8, 16), (16, 16), (16, 32), (32, 32), (8, 64), (64, 64), (64, 128)]
 PAIR_IDS = [f"H{h}-Hp{hp}" for h, hp in HEAD_PAIRS]
@@ -297,14 +297,7 @@ def test_graph_capture_and_replay():
         torch.ops.dsv4.qnorm_rope_kv_insert.out(q, kv, cache, slots, positions, cs, 16, EPS, bs, True, 1, 224.0,
                                                 q_out=q_out)
 
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        run()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, stream=stream):
-        run()
+    graph, _ = capture_graph(run)
     fresh_q, fresh_kv = inputs(n, h, seed=9, device="cpu")
     q.copy_(fresh_q.to(device))
     kv.copy_(fresh_kv.to(device))
