@@ -309,3 +309,51 @@ def test_graph_capture_and_replay():
                                     Fp8Format.FNUZ, 2)
     assert_q_close(q_out, q_ref, h)
     assert_kv_parity(cache, expected, n, bs, Fp8Format.FNUZ)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("bs", [16, 64])
+@pytest.mark.parametrize("n", [1, 17, 2048])
+def test_kv_only_op_matches_reference_and_fused_op(device, fmt, bs, n):
+    _, kv = inputs(n, 1, seed=10, device=device)
+    positions = torch.arange(n) * 2
+    slots = torch.randperm(n + bs, generator=torch.Generator().manual_seed(n))[:n]
+    slots[0] = -3
+    blocks = -(-(n + bs) // bs) + 1
+    cache = torch.zeros(blocks, bs * 584, dtype=torch.uint8, device=device)
+    torch.ops.dsv4.kv_rope_quant_insert(kv.to(device), cache, slots.to(device), positions.to(device),
+                                        cos_sin_cache().to(device), bs, int(fmt), fmt.default_quant_max)
+    expected = torch.zeros(blocks, bs * 584, dtype=torch.uint8)
+    reference.kv_rope_quant_insert(kv, expected, slots, positions, cos_sin_cache(), bs, fmt)
+    assert_kv_parity(cache, expected, n + bs, bs, fmt)
+    fused = torch.zeros_like(cache)
+    q = torch.zeros(n, 1, 512, dtype=torch.bfloat16, device=device)
+    torch.ops.dsv4.qnorm_rope_kv_insert(q, kv.to(device), fused, slots.to(device), positions.to(device),
+                                        cos_sin_cache().to(device), 1, EPS, bs, True, int(fmt), fmt.default_quant_max)
+    assert torch.equal(fused.cpu(), cache.cpu())
+
+
+def test_kv_only_op_checks_and_wrapper():
+    kv = torch.zeros(3, 512, dtype=torch.bfloat16)
+    cache = torch.zeros(1, 16 * 584, dtype=torch.uint8)
+    with pytest.raises(RuntimeError, match="slot_mapping must have one entry per token"):
+        torch.ops.dsv4.kv_rope_quant_insert(kv, cache, torch.arange(2), torch.arange(3), CS, 16, 0, 448.0)
+    with pytest.raises(RuntimeError, match="position_ids must have 3 entries"):
+        torch.ops.dsv4.kv_rope_quant_insert(kv, cache, torch.arange(3), torch.arange(2), CS, 16, 0, 448.0)
+    with pytest.raises(RuntimeError, match="kv must have dtype bfloat16"):
+        torch.ops.dsv4.kv_rope_quant_insert(kv.float(), cache, torch.arange(3), torch.arange(3), CS, 16, 0, 448.0)
+    torch.ops.dsv4.kv_rope_quant_insert(torch.empty(0, 512, dtype=torch.bfloat16), cache,
+                                        torch.empty(0, dtype=torch.long), torch.empty(0, dtype=torch.long), CS, 16, 0,
+                                        448.0)
+    assert bool((cache == 0).all())
+    dsv4ops.kv_rope_quant_insert(kv, cache, torch.arange(3), torch.arange(3).int(), CS, 16, "fnuz")
+    torch.library.opcheck(torch.ops.dsv4.kv_rope_quant_insert.default,
+                          (kv, cache, torch.arange(3), torch.arange(3), CS, 16, 1, 224.0))
+
+    def f(kv, cache):
+        torch.ops.dsv4.kv_rope_quant_insert(kv * 1, cache, torch.arange(3), torch.arange(3), CS, 16, 0, 448.0)
+        return cache * 1
+
+    a, b = torch.zeros_like(cache), torch.zeros_like(cache)
+    assert torch.equal(torch.compile(f, fullgraph=True)(kv + 1, a), f(kv + 1, b))

@@ -46,5 +46,6 @@ for n, h, hp in ((1, 1, 8), (7, 3, 3), (33, 8, 16)):
     for fmt, qmax in ((0, 448.0), (1, 224.0)):
         ops.qnorm_rope_kv_insert(q, kv, cache, slots, positions, cos_sin, hp, 1e-6, 16, True, fmt, qmax)
         ops.qnorm_rope_kv_insert(q, kv, cache, slots[: n // 2], positions, cos_sin, hp, 1e-6, 16, False, fmt, qmax)
+        ops.kv_rope_quant_insert(kv, cache, slots, positions, cos_sin, 16, fmt, qmax)
 torch.cuda.synchronize()
 print("sanitize smoke: all ops ran")

@@ -18,7 +18,12 @@ from .fp8 import (
     fp8_encode,
     ue8m0_to_float,
 )
-from .kv_cache import dequantize_and_gather_k_cache, qnorm_rope_kv_insert, quantize_and_insert_k_cache
+from .kv_cache import (
+    dequantize_and_gather_k_cache,
+    kv_rope_quant_insert,
+    qnorm_rope_kv_insert,
+    quantize_and_insert_k_cache,
+)
 from .platform import Fp8Format, build_info, device_arch, fp8_dtype, fp8_format, quant_max
 
 __all__ = [
@@ -35,6 +40,7 @@ __all__ = [
     "fp8_dtype",
     "fp8_encode",
     "fp8_format",
+    "kv_rope_quant_insert",
     "qnorm_rope_kv_insert",
     "quant_max",
     "quantize_and_insert_k_cache",

@@ -56,3 +56,9 @@ def _qnorm_rope_kv_insert(q_in, kv, k_cache, slot_mapping, position_ids, cos_sin
 def _qnorm_rope_kv_insert_out(q_in, kv, k_cache, slot_mapping, position_ids, cos_sin_cache, q_head_padded, eps,
                               cache_block_size, apply_q_norm, fp8_format, quant_max, *, q_out):
     return None
+
+
+@torch.library.register_fake("dsv4::kv_rope_quant_insert")
+def _kv_rope_quant_insert(kv, k_cache, slot_mapping, position_ids, cos_sin_cache, cache_block_size, fp8_format,
+                          quant_max):
+    return None

@@ -55,6 +55,22 @@ def qnorm_rope_kv_insert(q_in: torch.Tensor, kv: torch.Tensor, k_cache: torch.Te
     return q_out
 
 
+def kv_rope_quant_insert(kv: torch.Tensor, k_cache: torch.Tensor, slot_mapping: torch.Tensor,
+                         position_ids: torch.Tensor, cos_sin_cache: torch.Tensor, cache_block_size: int = 64,
+                         fp8_format=None, quant_max: Optional[float] = None):
+    """The KV branch of qnorm_rope_kv_insert alone (spec/kv_cache.md §6): GPT-J RoPE on kv [N, 512], bf16
+    round, UE8M0 FP8 record at slot_mapping[t] (one slot per token). Returns k_cache."""
+    fmt, qmax = _format_and_max(k_cache.device, fp8_format, quant_max)
+    positions = position_ids.long() if position_ids.dtype == torch.int32 else position_ids
+    if dispatch.choose("kv_rope_quant_insert", kv.device).uses_kernel:
+        torch.ops.dsv4.kv_rope_quant_insert(kv, k_cache, slot_mapping, positions, cos_sin_cache,
+                                            int(cache_block_size), int(fmt), qmax)
+    else:
+        reference.kv_rope_quant_insert(kv, k_cache, slot_mapping, positions, cos_sin_cache, int(cache_block_size),
+                                       fmt, qmax)
+    return k_cache
+
+
 def quantize_and_insert_k_cache(k: torch.Tensor, k_cache: torch.Tensor, slot_mapping: torch.Tensor,
                                 block_size: int = 64, fp8_format=None, quant_max: Optional[float] = None):
     """Quantizes bf16 K rows [tokens, 512] (already rotated) into fp8_ds_mla records at slot_mapping

@@ -151,20 +151,12 @@ bool overlaps(const Tensor& a, const Tensor& b) {
   return a0 < b1 && b0 < a1;
 }
 
-// Checks the fused op's inputs and fills its launch arguments (q_out is set by the caller).
-QnormRopeKvInsertArgs checked_qnorm_rope_kv_insert(const Tensor& q_in, const Tensor& kv, const Tensor& k_cache,
-                                                   const Tensor& slot_mapping, const Tensor& position_ids,
-                                                   const Tensor& cos_sin_cache, int64_t q_head_padded, double eps,
-                                                   int64_t cache_block_size, bool apply_q_norm, int64_t fp8_format,
-                                                   double quant_max, const char* op) {
-  check_bf16_rows(q_in, 3, op, "q_in", "[tokens, heads, 512]");
+// Checks the KV side shared by the fused op and the KV-only op, and fills those launch arguments.
+QnormRopeKvInsertArgs checked_kv_side(const Tensor& kv, const Tensor& k_cache, const Tensor& slot_mapping,
+                                      const Tensor& position_ids, const Tensor& cos_sin_cache, int64_t tokens,
+                                      int64_t cache_block_size, int64_t fp8_format, double quant_max, const char* op) {
   check_bf16_rows(kv, 2, op, "kv", "[tokens, 512]");
-  const int64_t tokens = q_in.size(0);
-  STD_TORCH_CHECK(kv.size(0) == tokens, op, ": kv must have ", tokens, " rows (one per token of q_in), got ",
-                  kv.size(0));
-  STD_TORCH_CHECK(q_in.size(1) >= 1 && q_head_padded >= q_in.size(1), op, ": q_head_padded must be >= the ",
-                  q_in.size(1), " heads of q_in, got ", q_head_padded);
-  STD_TORCH_CHECK(std::isfinite(eps) && eps >= 0, op, ": eps must be finite and >= 0, got ", eps);
+  STD_TORCH_CHECK(kv.size(0) == tokens, op, ": kv must have ", tokens, " rows (one per token), got ", kv.size(0));
   check_index_vector(position_ids, ScalarType::Long, tokens, op, "position_ids");
   check_index_vector(slot_mapping, ScalarType::Long, -1, op, "slot_mapping");
   STD_TORCH_CHECK(slot_mapping.size(0) <= tokens, op, ": slot_mapping has ", slot_mapping.size(0), " entries for ",
@@ -176,10 +168,9 @@ QnormRopeKvInsertArgs checked_qnorm_rope_kv_insert(const Tensor& q_in, const Ten
   const Fp8Format format = checked_fp8_format(fp8_format, op);
   QnormRopeKvInsertArgs args{};
   args.cache = checked_cache(k_cache, cache_block_size, op, "k_cache");
-  for (const Tensor* t : {&kv, &k_cache, &slot_mapping, &position_ids, &cos_sin_cache}) {
-    check_same_device(q_in, "q_in", *t, "every other tensor argument", op);
+  for (const Tensor* t : {&k_cache, &slot_mapping, &position_ids, &cos_sin_cache}) {
+    check_same_device(kv, "kv", *t, "every other tensor argument", op);
   }
-  args.q_in = static_cast<const uint16_t*>(q_in.data_ptr());
   args.kv = static_cast<const uint16_t*>(kv.data_ptr());
   args.slot_mapping = static_cast<const int64_t*>(slot_mapping.data_ptr());
   args.insert_tokens = slot_mapping.size(0);
@@ -187,12 +178,29 @@ QnormRopeKvInsertArgs checked_qnorm_rope_kv_insert(const Tensor& q_in, const Ten
   args.cos_sin = static_cast<const float*>(cos_sin_cache.data_ptr());
   args.positions = cos_sin_cache.size(0);
   args.tokens = tokens;
+  args.format = format;
+  args.quant_max = checked_quant_max(quant_max, format, op);
+  return args;
+}
+
+// Checks the fused op's inputs and fills its launch arguments (q_out is set by the caller).
+QnormRopeKvInsertArgs checked_qnorm_rope_kv_insert(const Tensor& q_in, const Tensor& kv, const Tensor& k_cache,
+                                                   const Tensor& slot_mapping, const Tensor& position_ids,
+                                                   const Tensor& cos_sin_cache, int64_t q_head_padded, double eps,
+                                                   int64_t cache_block_size, bool apply_q_norm, int64_t fp8_format,
+                                                   double quant_max, const char* op) {
+  check_bf16_rows(q_in, 3, op, "q_in", "[tokens, heads, 512]");
+  STD_TORCH_CHECK(q_in.size(1) >= 1 && q_head_padded >= q_in.size(1), op, ": q_head_padded must be >= the ",
+                  q_in.size(1), " heads of q_in, got ", q_head_padded);
+  STD_TORCH_CHECK(std::isfinite(eps) && eps >= 0, op, ": eps must be finite and >= 0, got ", eps);
+  QnormRopeKvInsertArgs args = checked_kv_side(kv, k_cache, slot_mapping, position_ids, cos_sin_cache, q_in.size(0),
+                                               cache_block_size, fp8_format, quant_max, op);
+  check_same_device(q_in, "q_in", kv, "kv", op);
+  args.q_in = static_cast<const uint16_t*>(q_in.data_ptr());
   args.heads = q_in.size(1);
   args.padded_heads = q_head_padded;
   args.eps = static_cast<float>(eps);
   args.apply_q_norm = apply_q_norm;
-  args.format = format;
-  args.quant_max = checked_quant_max(quant_max, format, op);
   return args;
 }
 
@@ -243,7 +251,21 @@ void qnorm_rope_kv_insert_out(const Tensor& q_in, const Tensor& kv, Tensor k_cac
   run_qnorm_rope_kv_insert(args, q_in, kOp);
 }
 
+// The KV branch of the fused op alone (spec/kv_cache.md §6): the same kernel with no Q heads.
+void kv_rope_quant_insert(const Tensor& kv, Tensor k_cache, const Tensor& slot_mapping, const Tensor& position_ids,
+                          const Tensor& cos_sin_cache, int64_t cache_block_size, int64_t fp8_format,
+                          double quant_max) {
+  constexpr const char* kOp = "dsv4.kv_rope_quant_insert";
+  STD_TORCH_CHECK(kv.dim() == 2, kOp, ": kv must have shape [tokens, 512], got ", shape_string(kv));
+  QnormRopeKvInsertArgs args = checked_kv_side(kv, k_cache, slot_mapping, position_ids, cos_sin_cache, kv.size(0),
+                                               cache_block_size, fp8_format, quant_max, kOp);
+  STD_TORCH_CHECK(slot_mapping.size(0) == kv.size(0), kOp, ": slot_mapping must have one entry per token (",
+                  kv.size(0), "), got ", slot_mapping.size(0));
+  run_qnorm_rope_kv_insert(args, kv, kOp);  // heads = padded_heads = 0: only the KV slots
+}
+
 void register_kv_cache_ops(torch::stable::detail::StableLibrary& m) {
+  m.impl("kv_rope_quant_insert", TORCH_BOX(&kv_rope_quant_insert));
   m.impl("qnorm_rope_kv_insert", TORCH_BOX(&qnorm_rope_kv_insert));
   m.impl("qnorm_rope_kv_insert.out", TORCH_BOX(&qnorm_rope_kv_insert_out));
   m.impl("quantize_and_insert_k_cache", TORCH_BOX(&quantize_and_insert_k_cache));

@@ -23,6 +23,10 @@ STABLE_TORCH_LIBRARY(dsv4, m) {
       "Tensor position_ids, Tensor cos_sin_cache, int q_head_padded, float eps, int cache_block_size, "
       "bool apply_q_norm, int fp8_format, float quant_max, *, Tensor(b!) q_out) -> ()");
 
+  m.def(
+      "kv_rope_quant_insert(Tensor kv, Tensor(a!) k_cache, Tensor slot_mapping, Tensor position_ids, "
+      "Tensor cos_sin_cache, int cache_block_size, int fp8_format, float quant_max) -> ()");
+
   // fp8_ds_mla cache utilities (spec/kv_cache.md §4.1, §9.1, §9.2).
   m.def(
       "quantize_and_insert_k_cache(Tensor k, Tensor(a!) k_cache, Tensor slot_mapping, int block_size, "
