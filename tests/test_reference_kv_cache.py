@@ -288,3 +288,25 @@ def test_rope_is_a_complex_rotation():
     expected = torch.view_as_real(pairs * rotation).reshape(6, 64)
     torch.testing.assert_close(kvc.rope_gptj(x, positions, cs)[:, 448:], expected, atol=1e-5, rtol=1e-5)
     assert torch.equal(kvc.rope_gptj(x, positions, cs)[:, :448], x[:, :448])
+
+
+def test_combine_topk_swa_indices_hand_worked():
+    # request 0: seq_len 10, 2 query tokens (positions 8, 9), gathered 5 SWA tokens (gather_start 5);
+    # request 1: seq_len 3, 1 query token (position 2), gathered 3 (gather_start 0). Window 4, ratio 4,
+    # topk 2, M = 100 rows per request, N = 10 compressed rows first.
+    topk = torch.tensor([[7, 3, 9], [1, 0, 2], [5, 6, 8]], dtype=torch.int32)
+    idx, lens = kvc.combine_topk_swa_indices(topk, torch.tensor([4, 6, 7]), torch.tensor([10, 3]),
+                                             torch.tensor([5, 3]), window_size=4, compress_ratio=4, topk=2, M=100,
+                                             N=10)
+    assert idx.shape == (3, 128) and idx.dtype == torch.int32
+    # token 0: pos 8 -> topk_len min(9 // 4, 2) = 2, swa_len 4: SWA positions 5..8 -> rows 0..3 after N
+    assert idx[0, :6].tolist() == [7, 3, 10, 11, 12, 13] and bool((idx[0, 6:] == -1).all())
+    # token 1: pos 9 -> topk 2, SWA positions 6..9 -> rows 1..4
+    assert idx[1, :6].tolist() == [1, 0, 11, 12, 13, 14]
+    # token 2 (request 1): pos 2 -> topk_len 3 // 4 = 0, swa_len 3: positions 0..2 -> 100 + 10 + 0..2
+    assert idx[2, :3].tolist() == [110, 111, 112] and bool((idx[2, 3:] == -1).all())
+    assert lens.tolist() == [6, 6, 3]
+    # SWA-only layer: no top-k part
+    idx, lens = kvc.combine_topk_swa_indices(topk, torch.tensor([0, 2, 3]), torch.tensor([10, 3]),
+                                             torch.tensor([5, 3]), 4, 1, 0, 100, 0)
+    assert idx[0, :4].tolist() == [0, 1, 2, 3] and lens.tolist() == [4, 4, 3]

@@ -25,6 +25,12 @@ def _format_and_max(device, fp8_format, quant_max):
     return fmt, qmax
 
 
+# The index helpers of spec §9.3-§9.4 are tensor code with no host sync: they serve as they are on every
+# device and under graph capture, so there is no kernel for them.
+compute_global_topk_indices_and_lens = reference.compute_global_topk_indices_and_lens
+combine_topk_swa_indices = reference.combine_topk_swa_indices
+
+
 def qnorm_rope_kv_insert(q_in: torch.Tensor, kv: torch.Tensor, k_cache: torch.Tensor, slot_mapping: torch.Tensor,
                          position_ids: torch.Tensor, cos_sin_cache: torch.Tensor,
                          q_head_padded: Optional[int] = None, eps: float = 1e-6, cache_block_size: int = 64,

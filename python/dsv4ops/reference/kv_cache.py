@@ -285,3 +285,42 @@ def compute_global_topk_indices_and_lens(topk_indices: torch.Tensor, token_to_re
     global_idx = torch.where(local >= 0, slots, torch.full_like(slots, -1)).to(topk_indices.dtype)
     lens = torch.where(is_valid_token, (local >= 0).sum(dim=1), torch.zeros_like(local[:, 0])).to(torch.int32)
     return global_idx, lens
+
+
+def combine_topk_swa_indices(topk_indices: torch.Tensor, query_start_loc: torch.Tensor, seq_lens: torch.Tensor,
+                             gather_lens: torch.Tensor, window_size: int, compress_ratio: int, topk: int, M: int,
+                             N: int):
+    """spec §9.4: per-token index lists into the gathered prefill workspace (request b's rows start at
+    M*b; compressed entries in [0, N), SWA entries from N on). Token t of request b sits at absolute
+    position pos = seq_len_b - query_len_b + (t - query_start_b); it takes
+      topk_len = min((pos+1) // compress_ratio, topk) entries of topk_indices[t] (+ M*b), then
+      swa_len = min(pos+1, window_size) entries M*b + N + (pos - swa_len + 1 - gather_start_b) + j,
+    with gather_start_b = seq_len_b - gather_len_b. Rows are (topk + window) rounded up to 128 wide,
+    padded with -1. Returns (indices int32 [T, width], lens int32 [T]). Tensor ops only: no host sync,
+    so it runs on any device and under graph capture."""
+    device = topk_indices.device
+    tokens = topk_indices.shape[0]
+    starts = (query_start_loc - query_start_loc[:1]).long()
+    t = torch.arange(tokens, device=device)
+    request = torch.searchsorted(starts[1:], t, right=True).clamp(max=seq_lens.shape[0] - 1)
+    query_len = starts[request + 1] - starts[request]
+    seq_len = seq_lens.long()[request]
+    pos = seq_len - query_len + (t - starts[request])
+    topk_len = torch.clamp((pos + 1) // max(int(compress_ratio), 1), min=0, max=int(topk)) if topk > 0 \
+        else torch.zeros_like(pos)
+    swa_len = torch.clamp(torch.minimum(pos + 1, torch.full_like(pos, int(window_size))), min=0)
+    gather_start = seq_len - gather_lens.long()[request]
+    width = -(-(int(topk) + int(window_size)) // 128) * 128
+    cols = torch.arange(width, device=device)[None, :]
+    base = (M * request)[:, None]
+    k = topk_indices.shape[1]
+    picked = topk_indices.long().gather(1, cols.clamp(max=max(k - 1, 0)).expand(tokens, -1)) if k > 0 \
+        else torch.zeros(tokens, width, dtype=torch.long, device=device)
+    in_topk = cols < topk_len[:, None]
+    j = cols - topk_len[:, None]
+    in_swa = (j >= 0) & (j < swa_len[:, None])
+    swa_index = base + N + (pos - swa_len + 1 - gather_start)[:, None] + j
+    out = torch.full((tokens, width), -1, dtype=torch.long, device=device)
+    out = torch.where(in_topk, picked + base, out)
+    out = torch.where(in_swa, swa_index, out)
+    return out.to(torch.int32), (topk_len + swa_len).to(torch.int32)
