@@ -114,7 +114,8 @@ def fp8_block_dequantize(
     fmt = _format_from_dtype(x, fp8_format, "fp8_block_dequantize")
     block_rows, block_cols = (block_size, block_size) if isinstance(block_size, int) else block_size
     if dispatch.choose("fp8_block_dequantize", x.device).uses_kernel:
-        return _ops().fp8_block_dequantize(x, scale, int(block_rows), int(block_cols), int(fmt), out_dtype)
+        return _ops().fp8_block_dequantize(x.contiguous(), scale.contiguous(), int(block_rows), int(block_cols), int(fmt),
+                                           out_dtype)
     return reference.fp8_block_dequantize(x, scale, int(block_rows), int(block_cols), fmt, out_dtype)
 
 

@@ -36,6 +36,14 @@ ScalarType fp8_dtype(Fp8Format format);
 // quant_max validated against the encoding: finite, in (0, largest finite value].
 float checked_quant_max(double quant_max, Fp8Format format, const char* op);
 
+// The GPU launch expression of a binding; a CPU-only build compiles none of it (and never reaches it:
+// only the CPU dispatch key is registered there).
+#if defined(DSV4OPS_WITH_GPU)
+#define DSV4_GPU_LAUNCH(...) __VA_ARGS__
+#else
+#define DSV4_GPU_LAUNCH(...) ::dsv4::LaunchStatus::kInvalidArgument
+#endif
+
 // Elements per CPU task: small tensors stay on one thread.
 inline constexpr int64_t kCpuGrain = 1 << 15;
 

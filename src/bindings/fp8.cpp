@@ -35,12 +35,8 @@ Tensor ue8m0_to_float(const Tensor& scale) {
   auto* dst = static_cast<float*>(out.data_ptr());
   run_on_device(
       scale, scale.numel(), kOp, [&](int64_t b, int64_t e) { cpu::ue8m0_to_float(in, dst, b, e); },
-      [&](void* stream) {
-#if defined(DSV4OPS_WITH_GPU)
-        return gpu::launch_ue8m0_to_float(in, dst, scale.numel(), stream);
-#else
-        return LaunchStatus::kInvalidArgument;
-#endif
+      [&]([[maybe_unused]] void* stream) {
+        return DSV4_GPU_LAUNCH(gpu::launch_ue8m0_to_float(in, dst, scale.numel(), stream));
       });
   return out;
 }
@@ -57,12 +53,8 @@ std::tuple<Tensor, Tensor> float_to_ue8m0_lossless(const Tensor& scale) {
   run_on_device(
       scale, scale.numel(), kOp,
       [&](int64_t b, int64_t e) { cpu::float_to_ue8m0_lossless(in, bytes_out, refusal_out, b, e); },
-      [&](void* stream) {
-#if defined(DSV4OPS_WITH_GPU)
-        return gpu::launch_float_to_ue8m0_lossless(in, bytes_out, refusal_out, scale.numel(), stream);
-#else
-        return LaunchStatus::kInvalidArgument;
-#endif
+      [&]([[maybe_unused]] void* stream) {
+        return DSV4_GPU_LAUNCH(gpu::launch_float_to_ue8m0_lossless(in, bytes_out, refusal_out, scale.numel(), stream));
       });
   return {bytes, refusal};
 }
@@ -79,12 +71,8 @@ Tensor fp8_encode(const Tensor& x, int64_t fp8_format, double quant_max) {
   const FloatKind kind = float_kind_of(dtype_of(x));
   run_on_device(
       x, x.numel(), kOp, [&](int64_t b, int64_t e) { cpu::fp8_encode(in, kind, dst, format, qmax, b, e); },
-      [&](void* stream) {
-#if defined(DSV4OPS_WITH_GPU)
-        return gpu::launch_fp8_encode(in, kind, dst, x.numel(), format, qmax, stream);
-#else
-        return LaunchStatus::kInvalidArgument;
-#endif
+      [&]([[maybe_unused]] void* stream) {
+        return DSV4_GPU_LAUNCH(gpu::launch_fp8_encode(in, kind, dst, x.numel(), format, qmax, stream));
       });
   return out;
 }
@@ -138,13 +126,9 @@ Tensor fp8_block_dequantize(const Tensor& x, const Tensor& scale, int64_t block_
       [&](int64_t b, int64_t e) {
         cpu::fp8_block_dequantize(x_bytes, scale_data, scale_kind, dst, out_kind, geometry, format, b, e);
       },
-      [&](void* stream) {
-#if defined(DSV4OPS_WITH_GPU)
-        return gpu::launch_fp8_block_dequantize(x_bytes, scale_data, scale_kind, dst, out_kind, geometry, format,
-                                                stream);
-#else
-        return LaunchStatus::kInvalidArgument;
-#endif
+      [&]([[maybe_unused]] void* stream) {
+        return DSV4_GPU_LAUNCH(gpu::launch_fp8_block_dequantize(x_bytes, scale_data, scale_kind, dst, out_kind,
+                                                                geometry, format, stream));
       },
       std::max<int64_t>(1, kCpuGrain / std::max<int64_t>(1, geometry.cols)));
   return out;
@@ -174,12 +158,9 @@ void e4m3fn_to_fnuz_into(const Tensor& weight, const Tensor& scale, const Tensor
         cpu::e4m3fn_to_fnuz_weight(w_in, w_out, std::min(b, weight_numel), std::min(e, weight_numel));
         cpu::e4m3fn_to_fnuz_scale(s_in, s_out, kind, std::min(b, scale_numel), std::min(e, scale_numel));
       },
-      [&](void* stream) {
-#if defined(DSV4OPS_WITH_GPU)
-        return gpu::launch_e4m3fn_to_fnuz(w_in, w_out, weight_numel, s_in, s_out, kind, scale_numel, stream);
-#else
-        return LaunchStatus::kInvalidArgument;
-#endif
+      [&]([[maybe_unused]] void* stream) {
+        return DSV4_GPU_LAUNCH(
+            gpu::launch_e4m3fn_to_fnuz(w_in, w_out, weight_numel, s_in, s_out, kind, scale_numel, stream));
       });
 }
 

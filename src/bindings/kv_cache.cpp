@@ -11,7 +11,7 @@ namespace {
 
 constexpr int64_t kVectorBytes = 16;
 
-bool aligned(const Tensor& t) { return reinterpret_cast<uintptr_t>(t.data_ptr()) % kVectorBytes == 0; }
+bool aligned(const Tensor& t) { return is_aligned(t.data_ptr(), kVectorBytes); }
 
 // A uint8 fp8_ds_mla cache: dims after the first are contiguous (one block's bytes), each block holds
 // block_size records, blocks are 16-byte aligned. Only size(0) and stride(0) are used afterwards.
@@ -69,12 +69,8 @@ void quantize_and_insert_k_cache(const Tensor& k, Tensor k_cache, const Tensor& 
   args.quant_max = checked_quant_max(quant_max, format, kOp);
   run_on_device(
       k, args.tokens, kOp, [&](int64_t b, int64_t e) { cpu::quantize_and_insert_k_cache(args, b, e); },
-      [&](void* stream) {
-#if defined(DSV4OPS_WITH_GPU)
-        return gpu::launch_quantize_and_insert_k_cache(args, stream);
-#else
-        return LaunchStatus::kInvalidArgument;
-#endif
+      [&]([[maybe_unused]] void* stream) {
+        return DSV4_GPU_LAUNCH(gpu::launch_quantize_and_insert_k_cache(args, stream));
       },
       /*cpu_grain=*/64);
 }
@@ -125,12 +121,8 @@ void dequantize_and_gather_k_cache(Tensor out, const Tensor& k_cache, const Tens
   run_on_device(
       out, out.size(1) - offset > 0 ? requests : 0, kOp,
       [&](int64_t b, int64_t e) { cpu::dequantize_and_gather_k_cache(args, b, e); },
-      [&](void* stream) {
-#if defined(DSV4OPS_WITH_GPU)
-        return gpu::launch_dequantize_and_gather_k_cache(args, stream);
-#else
-        return LaunchStatus::kInvalidArgument;
-#endif
+      [&]([[maybe_unused]] void* stream) {
+        return DSV4_GPU_LAUNCH(gpu::launch_dequantize_and_gather_k_cache(args, stream));
       },
       /*cpu_grain=*/1);
 }
@@ -207,12 +199,8 @@ QnormRopeKvInsertArgs checked_qnorm_rope_kv_insert(const Tensor& q_in, const Ten
 void run_qnorm_rope_kv_insert(const QnormRopeKvInsertArgs& args, const Tensor& on, const char* op) {
   run_on_device(
       on, args.tokens, op, [&](int64_t b, int64_t e) { cpu::qnorm_rope_kv_insert(args, b, e); },
-      [&](void* stream) {
-#if defined(DSV4OPS_WITH_GPU)
-        return gpu::launch_qnorm_rope_kv_insert(args, stream);
-#else
-        return LaunchStatus::kInvalidArgument;
-#endif
+      [&]([[maybe_unused]] void* stream) {
+        return DSV4_GPU_LAUNCH(gpu::launch_qnorm_rope_kv_insert(args, stream));
       },
       /*cpu_grain=*/4);
 }

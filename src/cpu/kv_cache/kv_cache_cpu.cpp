@@ -108,21 +108,17 @@ void dequantize_and_gather_k_cache(const KvGatherArgs& args, int64_t begin, int6
   with_fp8_format(args.format, [&](auto format_tag) {
     constexpr Fp8Format kFormat = decltype(format_tag)::value;
     for (int64_t request = begin; request < end; ++request) {
-      const int64_t seq_len = args.seq_lens[request] > 0 ? args.seq_lens[request] : 0;
-      int64_t count = args.gather_lens != nullptr ? args.gather_lens[request] : seq_len;
-      count = count < 0 ? 0 : (count > seq_len ? seq_len : count);
-      count = count < args.out_rows - args.offset ? count : args.out_rows - args.offset;
+      const int64_t seq_len = args.seq_len(request);
+      const int64_t count = args.rows_to_gather(request);
       for (int64_t i = 0; i < count; ++i) {
         const int64_t logical = seq_len - count + i;
-        const int64_t column = logical / args.block_size;
-        const int64_t block =
-            column < args.table_cols ? args.block_table[request * args.table_row_stride + column] : int64_t{-1};
+        const int64_t block = args.block_of(request, logical);
         uint16_t* out = args.out + request * args.out_request_stride + (args.offset + i) * args.out_row_stride;
-        if (block < 0 || block >= args.num_blocks) {
+        if (block < 0) {
           std::memset(out, 0, 2 * ds_mla::kHeadDim);
           continue;
         }
-        read_record<kFormat>(args, block * args.block_size + (logical - column * args.block_size), out);
+        read_record<kFormat>(args, block * args.block_size + logical % args.block_size, out);
       }
     }
   });

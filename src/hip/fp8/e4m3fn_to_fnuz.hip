@@ -37,7 +37,7 @@ LaunchStatus launch_e4m3fn_to_fnuz(const uint8_t* weight_in, uint8_t* weight_out
                                    void* stream) {
   if (weight_numel < 0 || scale_numel < 0) return LaunchStatus::kInvalidArgument;
   if (weight_numel == 0 && scale_numel == 0) return LaunchStatus::kOk;
-  const bool vectorized = reinterpret_cast<uintptr_t>(weight_in) % 16 == 0 && reinterpret_cast<uintptr_t>(weight_out) % 16 == 0;
+  const bool vectorized = is_aligned(weight_in, 16) && is_aligned(weight_out, 16);
   const int64_t weight_work = vectorized ? (weight_numel + 15) / 16 : weight_numel;
   const int64_t work = weight_work > scale_numel ? weight_work : scale_numel;
   hipLaunchKernelGGL(e4m3fn_to_fnuz_kernel, dim3(elementwise_blocks(work)), dim3(kElementwiseThreads), 0,

@@ -77,8 +77,6 @@ __global__ void __launch_bounds__(kElementwiseThreads)
   }
 }
 
-bool aligned(const void* p, uintptr_t bytes) { return (reinterpret_cast<uintptr_t>(p) % bytes) == 0; }
-
 template <Fp8Format F, ScaleKind S, FloatKind O>
 void launch_typed(const uint8_t* x, const void* scale, void* out, const BlockScaleGeometry& geometry,
                   hipStream_t stream) {
@@ -86,7 +84,7 @@ void launch_typed(const uint8_t* x, const void* scale, void* out, const BlockSca
   if (blocks > kMaxElementwiseBlocks) blocks = kMaxElementwiseBlocks;
   const dim3 grid(static_cast<unsigned>(blocks));
   const dim3 block(kElementwiseThreads);
-  if (geometry.cols % kVector == 0 && aligned(x, 16) && aligned(out, 16)) {
+  if (geometry.cols % kVector == 0 && is_aligned(x, 16) && is_aligned(out, 16)) {
     hipLaunchKernelGGL((fp8_block_dequantize_rows_vector<F, S, O>), grid, block, 0, stream, x, scale, out, geometry);
   } else {
     hipLaunchKernelGGL((fp8_block_dequantize_rows<F, S, O>), grid, block, 0, stream, x, scale, out, geometry);

@@ -49,12 +49,10 @@ __global__ void fp8_encode_vector_kernel(const void* __restrict__ x, uint8_t* __
   }
 }
 
-bool aligned(const void* p, uintptr_t bytes) { return (reinterpret_cast<uintptr_t>(p) % bytes) == 0; }
-
 template <Fp8Format F, FloatKind In>
 void launch_typed(const void* x, uint8_t* out, int64_t n, float quant_max, hipStream_t stream) {
   const dim3 block(kElementwiseThreads);
-  if (aligned(x, 16) && aligned(out, 8)) {
+  if (is_aligned(x, 16) && is_aligned(out, 8)) {
     const int64_t work = n / kVector > 0 ? n / kVector : 1;
     hipLaunchKernelGGL((fp8_encode_vector_kernel<F, In>), dim3(elementwise_blocks(work)), block, 0, stream, x, out, n,
                        quant_max);

@@ -18,24 +18,20 @@ template <Fp8Format F>
 __global__ void __launch_bounds__(kElementwiseThreads) dequantize_and_gather_kernel(KvGatherArgs args) {
   const int lane = threadIdx.x % kThreadsPerToken;
   for (int64_t request = blockIdx.y; request < args.requests; request += gridDim.y) {
-    const int64_t seq_len = args.seq_lens[request] > 0 ? args.seq_lens[request] : 0;
-    int64_t count = args.gather_lens != nullptr ? args.gather_lens[request] : seq_len;
-    count = count < 0 ? 0 : (count > seq_len ? seq_len : count);
-    count = count < args.out_rows - args.offset ? count : args.out_rows - args.offset;
+    const int64_t seq_len = args.seq_len(request);
+    const int64_t count = args.rows_to_gather(request);
     for (int64_t i = static_cast<int64_t>(blockIdx.x) * kTokensPerBlock + threadIdx.x / kThreadsPerToken; i < count;
          i += static_cast<int64_t>(gridDim.x) * kTokensPerBlock) {
       const int64_t logical = seq_len - count + i;
-      const int64_t column = logical / args.block_size;
-      const int64_t block =
-          column < args.table_cols ? args.block_table[request * args.table_row_stride + column] : int64_t{-1};
+      const int64_t block = args.block_of(request, logical);
       uint4* out = reinterpret_cast<uint4*>(args.out + request * args.out_request_stride +
                                             (args.offset + i) * args.out_row_stride + lane * kDimsPerThread);
-      if (block < 0 || block >= args.num_blocks) {
+      if (block < 0) {
         *out = make_uint4(0, 0, 0, 0);
         continue;
       }
       const ds_mla::RecordAddress address =
-          ds_mla::record_address(block * args.block_size + (logical - column * args.block_size), args.block_size,
+          ds_mla::record_address(block * args.block_size + logical % args.block_size, args.block_size,
                                  args.block_stride);
       if (lane < kNopeThreads) {
         const uint2 codes = *reinterpret_cast<const uint2*>(args.cache + address.data + lane * kDimsPerThread);

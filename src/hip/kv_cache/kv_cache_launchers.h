@@ -49,6 +49,24 @@ struct KvGatherArgs {
   int64_t requests;
   int64_t offset;
   Fp8Format format;
+
+  DSV4_HD int64_t seq_len(int64_t request) const { return seq_lens[request] > 0 ? seq_lens[request] : 0; }
+
+  // How many rows request r gathers: its gather length clamped to [0, seq_len] and to the rows left.
+  DSV4_HD int64_t rows_to_gather(int64_t request) const {
+    const int64_t length = seq_len(request);
+    int64_t count = gather_lens != nullptr ? gather_lens[request] : length;
+    count = count < 0 ? 0 : (count > length ? length : count);
+    return count < out_rows - offset ? count : out_rows - offset;
+  }
+
+  // The physical block holding logical position `logical` of request r, or -1 when the table has no
+  // such column or names a block outside the cache.
+  DSV4_HD int64_t block_of(int64_t request, int64_t logical) const {
+    const int64_t column = logical / block_size;
+    const int64_t block = column < table_cols ? block_table[request * table_row_stride + column] : int64_t{-1};
+    return block >= 0 && block < num_blocks ? block : -1;
+  }
 };
 
 // qnorm_rope_kv_insert (spec/kv_cache.md §3.3): for every token, each of the `heads` Q heads gets the

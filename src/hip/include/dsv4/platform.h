@@ -54,6 +54,10 @@ enum class LaunchStatus : int {
   kLaunchFailed = 2,     // the runtime refused the launch
 };
 
+DSV4_HD bool is_aligned(const void* pointer, uintptr_t bytes) {
+  return reinterpret_cast<uintptr_t>(pointer) % bytes == 0;
+}
+
 DSV4_HD uint32_t float_bits(float x) {
   union { float f; uint32_t u; } v{x};
   return v.u;
