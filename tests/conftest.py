@@ -61,7 +61,7 @@ def assert_bits_equal(actual: torch.Tensor, expected: torch.Tensor):
     assert actual.dtype == expected.dtype, f"dtype {actual.dtype} != {expected.dtype}"
     a, e = actual.detach().cpu(), expected.detach().cpu()
     both_nan = torch.isnan(a) & torch.isnan(e)
-    int_dtype = {2: torch.int16, 4: torch.int32, 8: torch.int64}[a.element_size()]
+    int_dtype = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[a.element_size()]
     same = (a.contiguous().view(int_dtype) == e.contiguous().view(int_dtype)) | both_nan
     if not bool(same.all()):
         bad = (~same).nonzero()[:5]

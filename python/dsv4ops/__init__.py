@@ -20,8 +20,11 @@ from .fp8 import (
 )
 from .kv_cache import (
     dequantize_and_gather_k_cache,
+    kv_norm_rope_quant_insert,
     kv_rope_quant_insert,
     qnorm_rope_kv_insert,
+    qnorm_rope_kv_insert_full_cache_bf16,
+    qnorm_rope_kv_insert_full_cache_fp8,
     quantize_and_insert_k_cache,
 )
 from .platform import Fp8Format, build_info, device_arch, fp8_dtype, fp8_format, quant_max
@@ -40,8 +43,11 @@ __all__ = [
     "fp8_dtype",
     "fp8_encode",
     "fp8_format",
+    "kv_norm_rope_quant_insert",
     "kv_rope_quant_insert",
     "qnorm_rope_kv_insert",
+    "qnorm_rope_kv_insert_full_cache_bf16",
+    "qnorm_rope_kv_insert_full_cache_fp8",
     "quant_max",
     "quantize_and_insert_k_cache",
     "ue8m0_to_float",

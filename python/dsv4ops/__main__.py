@@ -16,7 +16,9 @@ import dsv4ops
 from dsv4ops import dispatch, platform
 
 OPS = ("ue8m0_to_float", "float_to_ue8m0_lossless", "fp8_encode", "fp8_block_dequantize", "e4m3fn_to_fnuz",
-       "qnorm_rope_kv_insert", "kv_rope_quant_insert", "quantize_and_insert_k_cache", "dequantize_and_gather_k_cache")
+       "qnorm_rope_kv_insert", "qnorm_rope_kv_insert_full_cache_bf16", "qnorm_rope_kv_insert_full_cache_fp8",
+       "kv_rope_quant_insert", "kv_norm_rope_quant_insert", "quantize_and_insert_k_cache",
+       "dequantize_and_gather_k_cache")
 
 
 def info(out=sys.stdout) -> int:

@@ -62,3 +62,22 @@ def _qnorm_rope_kv_insert_out(q_in, kv, k_cache, slot_mapping, position_ids, cos
 def _kv_rope_quant_insert(kv, k_cache, slot_mapping, position_ids, cos_sin_cache, cache_block_size, fp8_format,
                           quant_max):
     return None
+
+
+@torch.library.register_fake("dsv4::kv_norm_rope_quant_insert")
+def _kv_norm_rope_quant_insert(kv, norm_weight, k_cache, slot_mapping, position_ids, cos_sin_cache, eps,
+                               cache_block_size, fp8_format, quant_max):
+    return None
+
+
+@torch.library.register_fake("dsv4::qnorm_rope_kv_insert_full_cache_bf16")
+def _qnorm_rope_kv_insert_full_cache_bf16(q, kv, k_cache, slot_mapping, position_ids, cos_sin_cache, eps,
+                                          cache_block_size, apply_q_norm):
+    return None
+
+
+@torch.library.register_fake("dsv4::qnorm_rope_kv_insert_full_cache_fp8")
+def _qnorm_rope_kv_insert_full_cache_fp8(q, kv, q_fp8, k_cache, slot_mapping, position_ids, cos_sin_cache,
+                                         fp8_scale, q_fp8_scale_inv, eps, cache_block_size, apply_q_norm,
+                                         fp8_format, quant_max):
+    return None

@@ -77,6 +77,69 @@ def kv_rope_quant_insert(kv: torch.Tensor, k_cache: torch.Tensor, slot_mapping: 
     return k_cache
 
 
+def _int64_positions(position_ids: torch.Tensor) -> torch.Tensor:
+    return position_ids.long() if position_ids.dtype == torch.int32 else position_ids
+
+
+def kv_norm_rope_quant_insert(kv: torch.Tensor, norm_weight: torch.Tensor, k_cache: torch.Tensor,
+                              slot_mapping: torch.Tensor, position_ids: torch.Tensor, cos_sin_cache: torch.Tensor,
+                              eps: float = 1e-6, cache_block_size: int = 64, fp8_format=None,
+                              quant_max: Optional[float] = None):
+    """kv_rope_quant_insert with a weighted RMSNorm first (spec/kv_cache.md §6): y = x * rsqrt(mean(x^2) +
+    eps) * norm_weight in fp32, rounded to bf16, then RoPE, bf16 round and the UE8M0 FP8 record.
+    kv [N, 512] bf16 (rows may be strided, 16-byte aligned), norm_weight bf16 [512]. Returns k_cache."""
+    fmt, qmax = _format_and_max(k_cache.device, fp8_format, quant_max)
+    positions = _int64_positions(position_ids)
+    if dispatch.choose("kv_norm_rope_quant_insert", kv.device).uses_kernel:
+        torch.ops.dsv4.kv_norm_rope_quant_insert(kv, norm_weight, k_cache, slot_mapping, positions, cos_sin_cache,
+                                                 float(eps), int(cache_block_size), int(fmt), qmax)
+    else:
+        reference.kv_norm_rope_quant_insert(kv, norm_weight, k_cache, slot_mapping, positions, cos_sin_cache, eps,
+                                            int(cache_block_size), fmt, qmax)
+    return k_cache
+
+
+def qnorm_rope_kv_insert_full_cache_bf16(q: torch.Tensor, kv: torch.Tensor, k_cache: torch.Tensor,
+                                         slot_mapping: torch.Tensor, position_ids: torch.Tensor,
+                                         cos_sin_cache: torch.Tensor, eps: float = 1e-6,
+                                         cache_block_size: int = 64, apply_q_norm: bool = True):
+    """spec/kv_cache.md §5, bf16 variant: q bf16 [N, H, 512] is normalized and rotated **in place**; the
+    rotated kv rows go to the plain bf16 cache k_cache [blocks, cache_block_size, 512] at slot_mapping
+    (negative or out-of-cache slots skipped). Returns (q, k_cache)."""
+    positions = _int64_positions(position_ids)
+    if dispatch.choose("qnorm_rope_kv_insert_full_cache_bf16", q.device).uses_kernel:
+        torch.ops.dsv4.qnorm_rope_kv_insert_full_cache_bf16(q, kv, k_cache, slot_mapping, positions, cos_sin_cache,
+                                                            float(eps), int(cache_block_size), bool(apply_q_norm))
+        return q, k_cache
+    return reference.qnorm_rope_kv_insert_full_cache_bf16(q, kv, k_cache, slot_mapping, positions, cos_sin_cache,
+                                                          eps, int(cache_block_size), apply_q_norm)
+
+
+def qnorm_rope_kv_insert_full_cache_fp8(q: torch.Tensor, kv: torch.Tensor, k_cache: torch.Tensor,
+                                        slot_mapping: torch.Tensor, position_ids: torch.Tensor,
+                                        cos_sin_cache: torch.Tensor, fp8_scale: torch.Tensor,
+                                        q_fp8_scale_inv: torch.Tensor, eps: float = 1e-6,
+                                        cache_block_size: int = 64, apply_q_norm: bool = True, fp8_format=None,
+                                        quant_max: Optional[float] = None, q_fp8: Optional[torch.Tensor] = None):
+    """spec/kv_cache.md §5, FP8 variant: q (read only) -> q_fp8 = fp8(clamp(q' * q_fp8_scale_inv)) and kv ->
+    k_cache rows fp8(clamp(kv' * (1 / fp8_scale))), both from fp32 (no bf16 round); the scales are
+    1-element fp32 tensors (positive and finite: they are read on the device, not checked). The bytes
+    follow fp8_format (default: the platform's) whatever the tensors' float8 dtype. q_fp8 is allocated in
+    the format's dtype when not given. Returns (q_fp8, k_cache)."""
+    fmt, qmax = _format_and_max(k_cache.device, fp8_format, quant_max)
+    positions = _int64_positions(position_ids)
+    if q_fp8 is None:
+        q_fp8 = torch.empty(q.shape, dtype=fmt.torch_dtype, device=q.device)
+    if dispatch.choose("qnorm_rope_kv_insert_full_cache_fp8", q.device).uses_kernel:
+        torch.ops.dsv4.qnorm_rope_kv_insert_full_cache_fp8(q, kv, q_fp8, k_cache, slot_mapping, positions,
+                                                           cos_sin_cache, fp8_scale, q_fp8_scale_inv, float(eps),
+                                                           int(cache_block_size), bool(apply_q_norm), int(fmt), qmax)
+        return q_fp8, k_cache
+    return reference.qnorm_rope_kv_insert_full_cache_fp8(q, kv, q_fp8, k_cache, slot_mapping, positions,
+                                                         cos_sin_cache, fp8_scale, q_fp8_scale_inv, eps,
+                                                         int(cache_block_size), apply_q_norm, fmt, qmax)
+
+
 def quantize_and_insert_k_cache(k: torch.Tensor, k_cache: torch.Tensor, slot_mapping: torch.Tensor,
                                 block_size: int = 64, fp8_format=None, quant_max: Optional[float] = None):
     """Quantizes bf16 K rows [tokens, 512] (already rotated) into fp8_ds_mla records at slot_mapping

@@ -45,14 +45,19 @@ void check_index_vector(const Tensor& t, ScalarType dtype, int64_t length, const
   }
 }
 
+// bf16 [tokens, 512] rows: unit last stride, rows 16-byte aligned (any row stride that keeps them so).
+void check_bf16_row_matrix(const Tensor& t, const char* op, const char* arg) {
+  check_dtype(t, op, arg, {ScalarType::BFloat16});
+  STD_TORCH_CHECK(t.dim() == 2 && t.size(1) == ds_mla::kHeadDim, op, ": ", arg, " must have shape [tokens, 512], got ",
+                  shape_string(t));
+  STD_TORCH_CHECK(t.stride(1) == 1 && (t.stride(0) * 2) % kVectorBytes == 0 && aligned(t), op, ": ", arg,
+                  " rows must be contiguous and 16-byte aligned (stride ", t.stride(0), ")");
+}
+
 void quantize_and_insert_k_cache(const Tensor& k, Tensor k_cache, const Tensor& slot_mapping, int64_t block_size,
                                  int64_t fp8_format, double quant_max) {
   constexpr const char* kOp = "dsv4.quantize_and_insert_k_cache";
-  check_dtype(k, kOp, "k", {ScalarType::BFloat16});
-  STD_TORCH_CHECK(k.dim() == 2 && k.size(1) == ds_mla::kHeadDim, kOp, ": k must have shape [tokens, 512], got ",
-                  shape_string(k));
-  STD_TORCH_CHECK(k.stride(1) == 1 && (k.stride(0) * 2) % kVectorBytes == 0 && aligned(k), kOp,
-                  ": k rows must be contiguous and 16-byte aligned (stride ", k.stride(0), ")");
+  check_bf16_row_matrix(k, kOp, "k");
   const Fp8Format format = checked_fp8_format(fp8_format, kOp);
   KvInsertArgs args{};
   args.cache = checked_cache(k_cache, block_size, kOp, "k_cache");
@@ -143,11 +148,31 @@ bool overlaps(const Tensor& a, const Tensor& b) {
   return a0 < b1 && b0 < a1;
 }
 
-// Checks the KV side shared by the fused op and the KV-only op, and fills those launch arguments.
-QnormRopeKvInsertArgs checked_kv_side(const Tensor& kv, const Tensor& k_cache, const Tensor& slot_mapping,
-                                      const Tensor& position_ids, const Tensor& cos_sin_cache, int64_t tokens,
-                                      int64_t cache_block_size, int64_t fp8_format, double quant_max, const char* op) {
-  check_bf16_rows(kv, 2, op, "kv", "[tokens, 512]");
+// A plain [num_blocks, block_size, 512] cache of `dtypes` rows (spec/kv_cache.md §4.2-§4.3): rows
+// contiguous, 16-byte aligned and apart, not overlapping.
+PlainKvCache checked_plain_cache(const Tensor& cache, int64_t block_size, std::initializer_list<ScalarType> dtypes,
+                                 const char* op) {
+  check_dtype(cache, op, "k_cache", dtypes);
+  STD_TORCH_CHECK(block_size > 0, op, ": cache_block_size must be positive, got ", block_size);
+  STD_TORCH_CHECK(cache.dim() == 3 && cache.size(1) == block_size && cache.size(2) == ds_mla::kHeadDim, op,
+                  ": k_cache must have shape [num_blocks, ", block_size, ", 512], got ", shape_string(cache));
+  const int64_t element = cache.element_size();
+  STD_TORCH_CHECK(cache.stride(2) == 1 && (cache.stride(1) * element) % kVectorBytes == 0 &&
+                      (cache.stride(0) * element) % kVectorBytes == 0 && aligned(cache),
+                  op, ": k_cache rows must be contiguous, 16-byte aligned and a multiple of 16 bytes apart");
+  STD_TORCH_CHECK((block_size <= 1 || cache.stride(1) >= ds_mla::kHeadDim) &&
+                      (cache.size(0) <= 1 || cache.stride(0) >= block_size * cache.stride(1)),
+                  op, ": k_cache rows overlap");
+  return PlainKvCache{static_cast<uint8_t*>(cache.data_ptr()), cache.size(0), block_size, cache.stride(0) * element,
+                      cache.stride(1) * element};
+}
+
+// Checks the KV side shared by the whole family (kv rows, indices, cos/sin table) and fills those launch
+// arguments; the caller adds the cache.
+QnormRopeKvInsertArgs checked_kv_side(const Tensor& kv, const Tensor& slot_mapping, const Tensor& position_ids,
+                                      const Tensor& cos_sin_cache, int64_t tokens, int64_t fp8_format,
+                                      double quant_max, const char* op) {
+  check_bf16_row_matrix(kv, op, "kv");
   STD_TORCH_CHECK(kv.size(0) == tokens, op, ": kv must have ", tokens, " rows (one per token), got ", kv.size(0));
   check_index_vector(position_ids, ScalarType::Long, tokens, op, "position_ids");
   check_index_vector(slot_mapping, ScalarType::Long, -1, op, "slot_mapping");
@@ -157,13 +182,13 @@ QnormRopeKvInsertArgs checked_kv_side(const Tensor& kv, const Tensor& k_cache, c
   STD_TORCH_CHECK(cos_sin_cache.dim() == 2 && cos_sin_cache.size(1) == ds_mla::kRopeDim, op,
                   ": cos_sin_cache must have shape [positions, 64] (cos || sin), got ", shape_string(cos_sin_cache));
   check_contiguous(cos_sin_cache, op, "cos_sin_cache");
-  const Fp8Format format = checked_fp8_format(fp8_format, op);
-  QnormRopeKvInsertArgs args{};
-  args.cache = checked_cache(k_cache, cache_block_size, op, "k_cache");
-  for (const Tensor* t : {&k_cache, &slot_mapping, &position_ids, &cos_sin_cache}) {
+  for (const Tensor* t : {&slot_mapping, &position_ids, &cos_sin_cache}) {
     check_same_device(kv, "kv", *t, "every other tensor argument", op);
   }
+  const Fp8Format format = checked_fp8_format(fp8_format, op);
+  QnormRopeKvInsertArgs args{};
   args.kv = static_cast<const uint16_t*>(kv.data_ptr());
+  args.kv_row_stride = kv.stride(0);
   args.slot_mapping = static_cast<const int64_t*>(slot_mapping.data_ptr());
   args.insert_tokens = slot_mapping.size(0);
   args.position_ids = static_cast<const int64_t*>(position_ids.data_ptr());
@@ -175,24 +200,54 @@ QnormRopeKvInsertArgs checked_kv_side(const Tensor& kv, const Tensor& k_cache, c
   return args;
 }
 
+void set_ds_mla_cache(QnormRopeKvInsertArgs& args, const Tensor& k_cache, const Tensor& kv, int64_t block_size,
+                      const char* op) {
+  args.kv_store = KvRowStore::kDsMlaRecord;
+  args.cache = checked_cache(k_cache, block_size, op, "k_cache");
+  check_same_device(kv, "kv", k_cache, "k_cache", op);
+}
+
+// The Q input: bf16 [tokens, heads >= 1, 512], contiguous. Checked before the KV side, so that a bad q
+// is reported as such and not as a token-count mismatch.
+void check_q(const Tensor& q, const char* arg, const char* op) {
+  check_bf16_rows(q, 3, op, arg, "[tokens, heads, 512]");
+  STD_TORCH_CHECK(q.size(1) >= 1, op, ": ", arg, " must have at least one head, got shape ", shape_string(q));
+}
+
+// Fills the Q side (q checked by check_q) and the norm settings.
+void set_q_side(QnormRopeKvInsertArgs& args, const Tensor& q, const char* arg, const Tensor& kv, double eps,
+                bool apply_q_norm, const char* op) {
+  STD_TORCH_CHECK(std::isfinite(eps) && eps >= 0, op, ": eps must be finite and >= 0, got ", eps);
+  check_same_device(q, arg, kv, "kv", op);
+  args.q_in = static_cast<const uint16_t*>(q.data_ptr());
+  args.heads = q.size(1);
+  args.padded_heads = q.size(1);
+  args.eps = static_cast<float>(eps);
+  args.apply_q_norm = apply_q_norm;
+}
+
+// A 1-element fp32 scale tensor on kv's device, read by the kernel (no host sync).
+const float* checked_scalar(const Tensor& t, const Tensor& kv, const char* op, const char* arg) {
+  check_dtype(t, op, arg, {ScalarType::Float});
+  STD_TORCH_CHECK(t.numel() == 1, op, ": ", arg, " must have exactly one element, got shape ", shape_string(t));
+  check_same_device(kv, "kv", t, arg, op);
+  return static_cast<const float*>(t.data_ptr());
+}
+
 // Checks the fused op's inputs and fills its launch arguments (q_out is set by the caller).
 QnormRopeKvInsertArgs checked_qnorm_rope_kv_insert(const Tensor& q_in, const Tensor& kv, const Tensor& k_cache,
                                                    const Tensor& slot_mapping, const Tensor& position_ids,
                                                    const Tensor& cos_sin_cache, int64_t q_head_padded, double eps,
                                                    int64_t cache_block_size, bool apply_q_norm, int64_t fp8_format,
                                                    double quant_max, const char* op) {
-  check_bf16_rows(q_in, 3, op, "q_in", "[tokens, heads, 512]");
-  STD_TORCH_CHECK(q_in.size(1) >= 1 && q_head_padded >= q_in.size(1), op, ": q_head_padded must be >= the ",
-                  q_in.size(1), " heads of q_in, got ", q_head_padded);
-  STD_TORCH_CHECK(std::isfinite(eps) && eps >= 0, op, ": eps must be finite and >= 0, got ", eps);
-  QnormRopeKvInsertArgs args = checked_kv_side(kv, k_cache, slot_mapping, position_ids, cos_sin_cache, q_in.size(0),
-                                               cache_block_size, fp8_format, quant_max, op);
-  check_same_device(q_in, "q_in", kv, "kv", op);
-  args.q_in = static_cast<const uint16_t*>(q_in.data_ptr());
-  args.heads = q_in.size(1);
+  check_q(q_in, "q_in", op);
+  QnormRopeKvInsertArgs args = checked_kv_side(kv, slot_mapping, position_ids, cos_sin_cache, q_in.size(0),
+                                               fp8_format, quant_max, op);
+  set_ds_mla_cache(args, k_cache, kv, cache_block_size, op);
+  set_q_side(args, q_in, "q_in", kv, eps, apply_q_norm, op);
+  STD_TORCH_CHECK(q_head_padded >= q_in.size(1), op, ": q_head_padded must be >= the ", q_in.size(1),
+                  " heads of q_in, got ", q_head_padded);
   args.padded_heads = q_head_padded;
-  args.eps = static_cast<float>(eps);
-  args.apply_q_norm = apply_q_norm;
   return args;
 }
 
@@ -239,21 +294,96 @@ void qnorm_rope_kv_insert_out(const Tensor& q_in, const Tensor& kv, Tensor k_cac
   run_qnorm_rope_kv_insert(args, q_in, kOp);
 }
 
+// spec/kv_cache.md §5, bf16 variant: Q rewritten in place, KV rotated into a plain bf16 cache.
+void qnorm_rope_kv_insert_full_cache_bf16(Tensor q, const Tensor& kv, Tensor k_cache, const Tensor& slot_mapping,
+                                          const Tensor& position_ids, const Tensor& cos_sin_cache, double eps,
+                                          int64_t cache_block_size, bool apply_q_norm) {
+  constexpr const char* kOp = "dsv4.qnorm_rope_kv_insert_full_cache_bf16";
+  check_q(q, "q", kOp);
+  QnormRopeKvInsertArgs args = checked_kv_side(kv, slot_mapping, position_ids, cos_sin_cache, q.size(0),
+                                               static_cast<int64_t>(Fp8Format::kOCP),
+                                               Fp8Traits<Fp8Format::kOCP>::kMaxFinite, kOp);  // unused: no FP8
+  set_q_side(args, q, "q", kv, eps, apply_q_norm, kOp);
+  args.kv_store = KvRowStore::kBf16Row;
+  args.rows = checked_plain_cache(k_cache, cache_block_size, {ScalarType::BFloat16}, kOp);
+  check_same_device(kv, "kv", k_cache, "k_cache", kOp);
+  STD_TORCH_CHECK(!overlaps(q, kv) && !overlaps(q, k_cache), kOp, ": q must not overlap kv or k_cache");
+  args.q_out = static_cast<uint16_t*>(q.data_ptr());  // in place: each Q row is read before it is written
+  run_qnorm_rope_kv_insert(args, q, kOp);
+}
+
+// spec/kv_cache.md §5, FP8 variant: Q (read only) into q_fp8 and KV into a plain FP8 cache, each scaled by a
+// per-tensor factor from fp32 with no bf16 round. The bytes follow fp8_format whatever the float8 dtype of
+// the tensors (on gfx942 vLLM keeps FNUZ bytes in float8_e4m3fn tensors).
+void qnorm_rope_kv_insert_full_cache_fp8(const Tensor& q, const Tensor& kv, Tensor q_fp8, Tensor k_cache,
+                                         const Tensor& slot_mapping, const Tensor& position_ids,
+                                         const Tensor& cos_sin_cache, const Tensor& fp8_scale,
+                                         const Tensor& q_fp8_scale_inv, double eps, int64_t cache_block_size,
+                                         bool apply_q_norm, int64_t fp8_format, double quant_max) {
+  constexpr const char* kOp = "dsv4.qnorm_rope_kv_insert_full_cache_fp8";
+  const std::initializer_list<ScalarType> fp8_dtypes = {ScalarType::Float8_e4m3fn, ScalarType::Float8_e4m3fnuz,
+                                                        ScalarType::Byte};
+  check_q(q, "q", kOp);
+  QnormRopeKvInsertArgs args =
+      checked_kv_side(kv, slot_mapping, position_ids, cos_sin_cache, q.size(0), fp8_format, quant_max, kOp);
+  set_q_side(args, q, "q", kv, eps, apply_q_norm, kOp);
+  args.kv_store = KvRowStore::kFp8Row;
+  args.rows = checked_plain_cache(k_cache, cache_block_size, fp8_dtypes, kOp);
+  check_same_device(kv, "kv", k_cache, "k_cache", kOp);
+  check_dtype(q_fp8, kOp, "q_fp8", fp8_dtypes);
+  STD_TORCH_CHECK(q_fp8.dim() == 3 && q_fp8.size(0) == q.size(0) && q_fp8.size(1) == q.size(1) &&
+                      q_fp8.size(2) == ds_mla::kHeadDim,
+                  kOp, ": q_fp8 must have q's shape ", shape_string(q), ", got ", shape_string(q_fp8));
+  check_contiguous(q_fp8, kOp, "q_fp8");
+  STD_TORCH_CHECK(aligned(q_fp8), kOp, ": q_fp8 must start 16-byte aligned");
+  check_same_device(kv, "kv", q_fp8, "q_fp8", kOp);
+  STD_TORCH_CHECK(!overlaps(q_fp8, q) && !overlaps(q_fp8, kv) && !overlaps(q_fp8, k_cache) &&
+                      !overlaps(k_cache, q) && !overlaps(k_cache, kv),
+                  kOp, ": q_fp8 and k_cache must not overlap each other or the inputs");
+  args.q_fp8 = static_cast<uint8_t*>(q_fp8.data_ptr());
+  args.q_scale_inverse = checked_scalar(q_fp8_scale_inv, kv, kOp, "q_fp8_scale_inv");
+  args.kv_scale = checked_scalar(fp8_scale, kv, kOp, "fp8_scale");
+  run_qnorm_rope_kv_insert(args, q, kOp);
+}
+
 // The KV branch of the fused op alone (spec/kv_cache.md §6): the same kernel with no Q heads.
 void kv_rope_quant_insert(const Tensor& kv, Tensor k_cache, const Tensor& slot_mapping, const Tensor& position_ids,
                           const Tensor& cos_sin_cache, int64_t cache_block_size, int64_t fp8_format,
                           double quant_max) {
   constexpr const char* kOp = "dsv4.kv_rope_quant_insert";
   STD_TORCH_CHECK(kv.dim() == 2, kOp, ": kv must have shape [tokens, 512], got ", shape_string(kv));
-  QnormRopeKvInsertArgs args = checked_kv_side(kv, k_cache, slot_mapping, position_ids, cos_sin_cache, kv.size(0),
-                                               cache_block_size, fp8_format, quant_max, kOp);
+  QnormRopeKvInsertArgs args =
+      checked_kv_side(kv, slot_mapping, position_ids, cos_sin_cache, kv.size(0), fp8_format, quant_max, kOp);
+  set_ds_mla_cache(args, k_cache, kv, cache_block_size, kOp);
   STD_TORCH_CHECK(slot_mapping.size(0) == kv.size(0), kOp, ": slot_mapping must have one entry per token (",
                   kv.size(0), "), got ", slot_mapping.size(0));
   run_qnorm_rope_kv_insert(args, kv, kOp);  // heads = padded_heads = 0: only the KV slots
 }
 
+// kv_rope_quant_insert with a weighted RMSNorm of the KV row first (spec/kv_cache.md §6).
+void kv_norm_rope_quant_insert(const Tensor& kv, const Tensor& norm_weight, Tensor k_cache,
+                               const Tensor& slot_mapping, const Tensor& position_ids, const Tensor& cos_sin_cache,
+                               double eps, int64_t cache_block_size, int64_t fp8_format, double quant_max) {
+  constexpr const char* kOp = "dsv4.kv_norm_rope_quant_insert";
+  STD_TORCH_CHECK(kv.dim() == 2, kOp, ": kv must have shape [tokens, 512], got ", shape_string(kv));
+  QnormRopeKvInsertArgs args =
+      checked_kv_side(kv, slot_mapping, position_ids, cos_sin_cache, kv.size(0), fp8_format, quant_max, kOp);
+  set_ds_mla_cache(args, k_cache, kv, cache_block_size, kOp);
+  STD_TORCH_CHECK(slot_mapping.size(0) == kv.size(0), kOp, ": slot_mapping must have one entry per token (",
+                  kv.size(0), "), got ", slot_mapping.size(0));
+  check_bf16_rows(norm_weight, 1, kOp, "norm_weight", "[512]");
+  check_same_device(kv, "kv", norm_weight, "norm_weight", kOp);
+  STD_TORCH_CHECK(std::isfinite(eps) && eps >= 0, kOp, ": eps must be finite and >= 0, got ", eps);
+  args.kv_norm_weight = static_cast<const uint16_t*>(norm_weight.data_ptr());
+  args.eps = static_cast<float>(eps);
+  run_qnorm_rope_kv_insert(args, kv, kOp);
+}
+
 void register_kv_cache_ops(torch::stable::detail::StableLibrary& m) {
   m.impl("kv_rope_quant_insert", TORCH_BOX(&kv_rope_quant_insert));
+  m.impl("kv_norm_rope_quant_insert", TORCH_BOX(&kv_norm_rope_quant_insert));
+  m.impl("qnorm_rope_kv_insert_full_cache_bf16", TORCH_BOX(&qnorm_rope_kv_insert_full_cache_bf16));
+  m.impl("qnorm_rope_kv_insert_full_cache_fp8", TORCH_BOX(&qnorm_rope_kv_insert_full_cache_fp8));
   m.impl("qnorm_rope_kv_insert", TORCH_BOX(&qnorm_rope_kv_insert));
   m.impl("qnorm_rope_kv_insert.out", TORCH_BOX(&qnorm_rope_kv_insert_out));
   m.impl("quantize_and_insert_k_cache", TORCH_BOX(&quantize_and_insert_k_cache));

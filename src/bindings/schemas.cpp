@@ -23,9 +23,24 @@ STABLE_TORCH_LIBRARY(dsv4, m) {
       "Tensor position_ids, Tensor cos_sin_cache, int q_head_padded, float eps, int cache_block_size, "
       "bool apply_q_norm, int fp8_format, float quant_max, *, Tensor(b!) q_out) -> ()");
 
+  // Full-cache variants (spec/kv_cache.md §5): plain bf16 cache with Q in place; plain per-tensor FP8 cache
+  // with a separate FP8 Q.
+  m.def(
+      "qnorm_rope_kv_insert_full_cache_bf16(Tensor(a!) q, Tensor kv, Tensor(b!) k_cache, Tensor slot_mapping, "
+      "Tensor position_ids, Tensor cos_sin_cache, float eps, int cache_block_size, bool apply_q_norm) -> ()");
+  m.def(
+      "qnorm_rope_kv_insert_full_cache_fp8(Tensor q, Tensor kv, Tensor(a!) q_fp8, Tensor(b!) k_cache, "
+      "Tensor slot_mapping, Tensor position_ids, Tensor cos_sin_cache, Tensor fp8_scale, Tensor q_fp8_scale_inv, "
+      "float eps, int cache_block_size, bool apply_q_norm, int fp8_format, float quant_max) -> ()");
+
+  // KV-only variants (spec/kv_cache.md §6).
   m.def(
       "kv_rope_quant_insert(Tensor kv, Tensor(a!) k_cache, Tensor slot_mapping, Tensor position_ids, "
       "Tensor cos_sin_cache, int cache_block_size, int fp8_format, float quant_max) -> ()");
+  m.def(
+      "kv_norm_rope_quant_insert(Tensor kv, Tensor norm_weight, Tensor(a!) k_cache, Tensor slot_mapping, "
+      "Tensor position_ids, Tensor cos_sin_cache, float eps, int cache_block_size, int fp8_format, "
+      "float quant_max) -> ()");
 
   // fp8_ds_mla cache utilities (spec/kv_cache.md §4.1, §9.1, §9.2).
   m.def(

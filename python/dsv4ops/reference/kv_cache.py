@@ -176,7 +176,9 @@ def dequantize_and_gather_k_cache(out: torch.Tensor, k_cache: torch.Tensor, seq_
 
 
 def _rms_factor(x: torch.Tensor, eps: float) -> torch.Tensor:
-    return torch.rsqrt(x.pow(2).mean(dim=-1, keepdim=True) + eps)
+    """1 / sqrt(mean(x^2) + eps) in fp32 with a correctly rounded sqrt and division (not rsqrt), as the
+    kernels compute it: the two differ only by the order of the sum."""
+    return 1.0 / torch.sqrt((x * x).sum(dim=-1, keepdim=True) / x.shape[-1] + eps)
 
 
 def qnorm_rope(q: torch.Tensor, positions: torch.Tensor, cos_sin_cache: torch.Tensor, eps: float,
@@ -265,7 +267,9 @@ def qnorm_rope_kv_insert_full_cache_fp8(q: torch.Tensor, kv: torch.Tensor, q_fp8
     q32 = qnorm_rope(q, position_ids, cos_sin_cache, eps, apply_q_norm)
     q_fp8.view(torch.uint8).copy_(fp8_encode(q32 * q_fp8_scale_inv.to(torch.float32), fmt, qmax).view(torch.uint8))
     n_ins = slot_mapping.shape[0]
-    k32 = kv_rope(kv[:n_ins], position_ids[:n_ins], cos_sin_cache) / fp8_scale.to(torch.float32)
+    # Multiplied by the fp32 reciprocal, as the kernels do (spec §5: it differs from a division only for
+    # scales that are not powers of two).
+    k32 = kv_rope(kv[:n_ins], position_ids[:n_ins], cos_sin_cache) * (1.0 / fp8_scale.to(torch.float32))
     codes = fp8_encode(k32, fmt, qmax).view(torch.uint8)
     slots = slot_mapping.long()
     keep = (slots >= 0) & (slots < k_cache.shape[0] * cache_block_size)

@@ -69,15 +69,43 @@ struct KvGatherArgs {
   }
 };
 
-// qnorm_rope_kv_insert (spec/kv_cache.md §3.3): for every token, each of the `heads` Q heads gets the
-// weightless RMSNorm (if apply_q_norm) and GPT-J RoPE, rounded once to bf16 into q_out; heads up to
-// padded_heads are written as +0. The first insert_tokens tokens also get their KV rotated, rounded to
-// bf16 and written as an fp8_ds_mla record at slot_mapping[t] (negative or out-of-cache slots skipped).
-// A token whose position is outside [0, positions) gets an all-zero Q row and no KV write.
+// Where the fused ops store the rotated KV row.
+enum class KvRowStore : int32_t {
+  kDsMlaRecord = 0,  // rounded to bf16, then a UE8M0 FP8 record in `cache` (spec/kv_cache.md §3.3)
+  kBf16Row = 1,      // rounded to bf16 into `rows` (§4.2)
+  kFp8Row = 2,       // fp8(clamp(v * (1 / *kv_scale))) from fp32 into `rows` (§4.3)
+};
+
+// A plain cache of 512-wide rows, [num_blocks, block_size, 512] of bf16 or FP8 (strides in bytes).
+struct PlainKvCache {
+  uint8_t* bytes;
+  int64_t num_blocks;
+  int64_t block_size;
+  int64_t block_stride;
+  int64_t row_stride;
+
+  DSV4_HD int64_t capacity() const { return num_blocks * block_size; }
+  DSV4_HD uint8_t* row(int64_t slot) const {
+    return bytes + (slot / block_size) * block_stride + (slot % block_size) * row_stride;
+  }
+};
+
+// The fused Q/KV op family (spec/kv_cache.md §3, §5, §6). For every token, each of the `heads` Q heads
+// gets the weightless RMSNorm (if apply_q_norm) and GPT-J RoPE in fp32, then is rounded once: to bf16
+// into q_out (heads up to padded_heads written as +0), or, when q_fp8 is set, to
+// fp8(clamp(q * *q_scale_inverse)) there. The first insert_tokens tokens also get their KV row
+// (optionally RMS-normalized with kv_norm_weight and rounded to bf16 first) rotated and stored as
+// kv_store says, at slot_mapping[t]; negative or out-of-cache slots are skipped. A token whose position
+// lies outside [0, positions) gets an all-zero Q row and no KV write. heads = padded_heads = 0 is the
+// KV-only form.
 struct QnormRopeKvInsertArgs {
   const uint16_t* q_in;  // bf16 [tokens, heads, 512], contiguous
   uint16_t* q_out;       // bf16 [tokens, padded_heads, 512], contiguous (may be q_in when padded_heads == heads)
-  const uint16_t* kv;    // bf16 [tokens, 512], contiguous
+  uint8_t* q_fp8;        // FP8 [tokens, heads, 512], contiguous, or null (then q_out is used)
+  const float* q_scale_inverse;  // 1 element, read on the device; with q_fp8 only
+  const uint16_t* kv;            // bf16 [tokens, 512], rows kv_row_stride elements apart, 16-byte aligned
+  int64_t kv_row_stride;
+  const uint16_t* kv_norm_weight;  // bf16 [512] or null: no KV norm
   const int64_t* slot_mapping;
   int64_t insert_tokens;
   const int64_t* position_ids;
@@ -86,11 +114,18 @@ struct QnormRopeKvInsertArgs {
   int64_t tokens;
   int64_t heads;
   int64_t padded_heads;
-  float eps;
+  float eps;  // of the Q norm, and of the KV norm in the KV-only form
   bool apply_q_norm;
-  DsMlaCache cache;
+  KvRowStore kv_store;
+  DsMlaCache cache;   // kDsMlaRecord
+  PlainKvCache rows;  // kBf16Row, kFp8Row
+  const float* kv_scale;  // 1 element, read on the device; kFp8Row only
   Fp8Format format;
   float quant_max;
+
+  DSV4_HD int64_t kv_capacity() const {
+    return kv_store == KvRowStore::kDsMlaRecord ? cache.capacity() : rows.capacity();
+  }
 };
 
 namespace gpu {

@@ -1,5 +1,6 @@
-// dsv4::qnorm_rope_kv_insert: fused Q RMSNorm + GPT-J RoPE (padded heads zeroed) and KV RoPE + UE8M0
-// FP8 quantization + fp8_ds_mla insert (spec/kv_cache.md §3). One 32-lane group per (token, slot), slot
+// The fused Q/KV op family (spec/kv_cache.md §3, §5, §6): Q RMSNorm + GPT-J RoPE (padded heads zeroed;
+// bf16 or per-tensor FP8 out) and KV [weighted RMSNorm +] RoPE + insert into an fp8_ds_mla, bf16 or
+// per-tensor FP8 cache. One 32-lane group per (token, slot), slot
 // 0..padded_heads-1 a Q head and slot padded_heads the KV row; each lane owns 16 consecutive dims:
 // lanes 0..27 the NoPE dims (4 lanes per 64-dim quant block), lanes 28..31 the RoPE dims. A group is a
 // warp on NVIDIA and half a wavefront on CDNA; its shuffles never leave it.
@@ -54,6 +55,65 @@ DSV4_DEVICE void rope_lane(float* values, int lane, const float* cos_sin_row) {
   }
 }
 
+DSV4_DEVICE float group_sum(float value) {
+#pragma unroll
+  for (int mask = kGroupLanes / 2; mask >= 1; mask >>= 1) value += shuffle_xor(value, mask, kGroupLanes);
+  return value;
+}
+
+DSV4_DEVICE float sum_of_squares(const float* values) {
+  float sum = 0.0f;
+#pragma unroll
+  for (int j = 0; j < kDimsPerLane; ++j) sum += values[j] * values[j];
+  return sum;
+}
+
+// 16 values to 16 FP8 bytes: fp8(clamp(v * multiplier, +-quant_max)).
+template <Fp8Format F>
+DSV4_DEVICE void store_fp8x16(uint8_t* dst, const float* values, float multiplier, float quant_max) {
+  uint32_t words[4] = {0, 0, 0, 0};
+#pragma unroll
+  for (int j = 0; j < kDimsPerLane; ++j) {
+    words[j / 4] |= static_cast<uint32_t>(fp8_encode_clamped<F>(values[j] * multiplier, quant_max)) << (8 * (j % 4));
+  }
+  *reinterpret_cast<uint4*>(dst) = make_uint4(words[0], words[1], words[2], words[3]);
+}
+
+DSV4_DEVICE void round_to_bf16(float* values) {
+#pragma unroll
+  for (int j = 0; j < kDimsPerLane; ++j) values[j] = bf16_bits_to_float(float_to_bf16_bits(values[j]));
+}
+
+// This lane's 16 dims of a rotated, bf16-representable KV row into the fp8_ds_mla record at `slot`.
+template <Fp8Format F>
+DSV4_DEVICE void store_ds_mla_lane(const DsMlaCache& cache, int64_t slot, int lane, const float* values,
+                                   float quant_max) {
+  float amax = 0.0f;  // fmaxf ignores NaN
+#pragma unroll
+  for (int j = 0; j < kDimsPerLane; ++j) amax = fmaxf(amax, fabsf(values[j]));
+#pragma unroll
+  for (int mask = 1; mask < kLanesPerQuantBlock; mask <<= 1) {
+    amax = fmaxf(amax, shuffle_xor(amax, mask, kLanesPerQuantBlock));
+  }
+  const ds_mla::RecordAddress address = ds_mla::record_address(slot, cache.block_size, cache.block_stride);
+  uint8_t* data = cache.bytes + address.data;
+  if (lane < kNopeLanes) {
+    const uint8_t scale_byte = ue8m0_encode_rceil(amax, quant_max, ds_mla::kAmaxFloor);
+    const float inverse_scale = ds_mla::ue8m0_inverse_scale(scale_byte);
+    uint32_t words[4] = {0, 0, 0, 0};
+#pragma unroll
+    for (int j = 0; j < kDimsPerLane; ++j) {
+      words[j / 4] |= static_cast<uint32_t>(ds_mla::quantize_nope_value<F>(values[j], inverse_scale, quant_max))
+                      << (8 * (j % 4));
+    }
+    *reinterpret_cast<uint4*>(data + lane * kDimsPerLane) = make_uint4(words[0], words[1], words[2], words[3]);
+    if (lane % kLanesPerQuantBlock == 0) cache.bytes[address.scale + lane / kLanesPerQuantBlock] = scale_byte;
+  } else {
+    store_bf16x16(data + ds_mla::kNopeDim + (lane - kNopeLanes) * 2 * kDimsPerLane, values);
+    if (lane == kNopeLanes) cache.bytes[address.scale + ds_mla::kNumQuantBlocks] = 0;  // pad byte
+  }
+}
+
 template <Fp8Format F>
 __global__ void __launch_bounds__(kElementwiseThreads) qnorm_rope_kv_insert_kernel(QnormRopeKvInsertArgs args) {
   const int lane = threadIdx.x % kGroupLanes;
@@ -68,59 +128,60 @@ __global__ void __launch_bounds__(kElementwiseThreads) qnorm_rope_kv_insert_kern
     const float* cos_sin_row = args.cos_sin + (position_ok ? position : 0) * ds_mla::kRopeDim;
     float values[kDimsPerLane];
     if (head < args.padded_heads) {  // a Q slot (every branch below is uniform across the group)
-      uint8_t* out = reinterpret_cast<uint8_t*>(args.q_out + (token * args.padded_heads + head) * ds_mla::kHeadDim +
-                                                lane * kDimsPerLane);
-      if (head >= args.heads || !position_ok) {
-        reinterpret_cast<uint4*>(out)[0] = make_uint4(0, 0, 0, 0);
-        reinterpret_cast<uint4*>(out)[1] = make_uint4(0, 0, 0, 0);
+      const int64_t row = token * args.padded_heads + head;
+      const bool zero_row = head >= args.heads || !position_ok;
+      if (!zero_row) {
+        load_bf16x16(args.q_in + (token * args.heads + head) * ds_mla::kHeadDim + lane * kDimsPerLane, values);
+        if (args.apply_q_norm) {
+          const float factor = rms_inverse(group_sum(sum_of_squares(values)), ds_mla::kHeadDim, args.eps);
+#pragma unroll
+          for (int j = 0; j < kDimsPerLane; ++j) values[j] *= factor;
+        }
+        rope_lane(values, lane, cos_sin_row);
+      }
+      if (args.q_fp8 != nullptr) {  // padded_heads == heads here; the zero byte is +0 in both encodings
+        uint8_t* out = args.q_fp8 + row * ds_mla::kHeadDim + lane * kDimsPerLane;
+        if (zero_row) {
+          *reinterpret_cast<uint4*>(out) = make_uint4(0, 0, 0, 0);
+        } else {
+          store_fp8x16<F>(out, values, *args.q_scale_inverse, args.quant_max);
+        }
         continue;
       }
-      load_bf16x16(args.q_in + (token * args.heads + head) * ds_mla::kHeadDim + lane * kDimsPerLane, values);
-      if (args.apply_q_norm) {
-        float sum = 0.0f;
-#pragma unroll
-        for (int j = 0; j < kDimsPerLane; ++j) sum += values[j] * values[j];
-#pragma unroll
-        for (int mask = kGroupLanes / 2; mask >= 1; mask >>= 1) sum += shuffle_xor(sum, mask, kGroupLanes);
-        const float factor = rms_inverse(sum, ds_mla::kHeadDim, args.eps);
-#pragma unroll
-        for (int j = 0; j < kDimsPerLane; ++j) values[j] *= factor;
+      uint8_t* out = reinterpret_cast<uint8_t*>(args.q_out + row * ds_mla::kHeadDim + lane * kDimsPerLane);
+      if (zero_row) {
+        reinterpret_cast<uint4*>(out)[0] = make_uint4(0, 0, 0, 0);
+        reinterpret_cast<uint4*>(out)[1] = make_uint4(0, 0, 0, 0);
+      } else {
+        store_bf16x16(out, values);
       }
-      rope_lane(values, lane, cos_sin_row);
-      store_bf16x16(out, values);
       continue;
     }
     // The KV slot.
     if (token >= args.insert_tokens) continue;
     const int64_t slot = args.slot_mapping[token];
-    if (slot < 0 || slot >= args.cache.capacity() || !position_ok) continue;
-    load_bf16x16(args.kv + token * ds_mla::kHeadDim + lane * kDimsPerLane, values);
-    rope_lane(values, lane, cos_sin_row);
+    if (slot < 0 || slot >= args.kv_capacity() || !position_ok) continue;
+    load_bf16x16(args.kv + token * args.kv_row_stride + lane * kDimsPerLane, values);
+    if (args.kv_norm_weight != nullptr) {  // weighted RMSNorm, rounded to bf16 like the unfused rms_norm
+      const float factor = rms_inverse(group_sum(sum_of_squares(values)), ds_mla::kHeadDim, args.eps);
+      float weights[kDimsPerLane];
+      load_bf16x16(args.kv_norm_weight + lane * kDimsPerLane, weights);
 #pragma unroll
-    for (int j = 0; j < kDimsPerLane; ++j) values[j] = bf16_bits_to_float(float_to_bf16_bits(values[j]));
-    float amax = 0.0f;  // fmaxf ignores NaN
-#pragma unroll
-    for (int j = 0; j < kDimsPerLane; ++j) amax = fmaxf(amax, fabsf(values[j]));
-#pragma unroll
-    for (int mask = 1; mask < kLanesPerQuantBlock; mask <<= 1) {
-      amax = fmaxf(amax, shuffle_xor(amax, mask, kLanesPerQuantBlock));
+      for (int j = 0; j < kDimsPerLane; ++j) values[j] = values[j] * factor * weights[j];
+      round_to_bf16(values);
     }
-    const ds_mla::RecordAddress address = ds_mla::record_address(slot, args.cache.block_size, args.cache.block_stride);
-    uint8_t* data = args.cache.bytes + address.data;
-    if (lane < kNopeLanes) {
-      const uint8_t scale_byte = ue8m0_encode_rceil(amax, args.quant_max, ds_mla::kAmaxFloor);
-      const float inverse_scale = ds_mla::ue8m0_inverse_scale(scale_byte);
-      uint32_t words[4] = {0, 0, 0, 0};
-#pragma unroll
-      for (int j = 0; j < kDimsPerLane; ++j) {
-        words[j / 4] |= static_cast<uint32_t>(ds_mla::quantize_nope_value<F>(values[j], inverse_scale, args.quant_max))
-                        << (8 * (j % 4));
-      }
-      *reinterpret_cast<uint4*>(data + lane * kDimsPerLane) = make_uint4(words[0], words[1], words[2], words[3]);
-      if (lane % kLanesPerQuantBlock == 0) args.cache.bytes[address.scale + lane / kLanesPerQuantBlock] = scale_byte;
-    } else {
-      store_bf16x16(data + ds_mla::kNopeDim + (lane - kNopeLanes) * 2 * kDimsPerLane, values);
-      if (lane == kNopeLanes) args.cache.bytes[address.scale + ds_mla::kNumQuantBlocks] = 0;  // pad byte
+    rope_lane(values, lane, cos_sin_row);
+    switch (args.kv_store) {
+      case KvRowStore::kBf16Row:
+        store_bf16x16(args.rows.row(slot) + lane * 2 * kDimsPerLane, values);
+        break;
+      case KvRowStore::kFp8Row:
+        store_fp8x16<F>(args.rows.row(slot) + lane * kDimsPerLane, values, 1.0f / *args.kv_scale, args.quant_max);
+        break;
+      default:
+        round_to_bf16(values);
+        store_ds_mla_lane<F>(args.cache, slot, lane, values, args.quant_max);
+        break;
     }
   }
 }
@@ -128,7 +189,10 @@ __global__ void __launch_bounds__(kElementwiseThreads) qnorm_rope_kv_insert_kern
 }  // namespace
 
 LaunchStatus launch_qnorm_rope_kv_insert(const QnormRopeKvInsertArgs& args, void* stream) {
-  if (args.tokens < 0 || args.heads < 0 || args.padded_heads < args.heads || args.cache.block_size <= 0) {
+  const int64_t block_size =
+      args.kv_store == KvRowStore::kDsMlaRecord ? args.cache.block_size : args.rows.block_size;
+  if (args.tokens < 0 || args.heads < 0 || args.padded_heads < args.heads || block_size <= 0 ||
+      (args.q_fp8 != nullptr && args.padded_heads != args.heads)) {
     return LaunchStatus::kInvalidArgument;
   }
   const int64_t groups = args.tokens * (args.padded_heads + 1);

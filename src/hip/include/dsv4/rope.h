@@ -9,20 +9,35 @@
 
 namespace dsv4 {
 
+// a*b + c*d with each product and the sum rounded on their own, never fused into an FMA: every target
+// then rounds exactly like the reference's separate tensor ops, so rotated values are bit-identical.
+DSV4_HD float sum_of_products(float a, float b, float c, float d) {
+#if defined(__CUDA_ARCH__)
+  return __fadd_rn(__fmul_rn(a, b), __fmul_rn(c, d));
+#else
+#if defined(__clang__)
+#pragma clang fp contract(off)
+#endif
+  const float ab = a * b;
+  const float cd = c * d;
+  return ab + cd;
+#endif
+}
+
 // Forward rotation: e' = e*c - o*s, o' = e*s + o*c.
 DSV4_HD void rope_rotate_pair(float& even, float& odd, float c, float s) {
   const float e = even;
   const float o = odd;
-  even = e * c - o * s;
-  odd = e * s + o * c;
+  even = sum_of_products(e, c, -o, s);
+  odd = sum_of_products(e, s, o, c);
 }
 
 // Inverse rotation: a' = a*c + b*s, b' = b*c - a*s.
 DSV4_HD void rope_unrotate_pair(float& even, float& odd, float c, float s) {
   const float a = even;
   const float b = odd;
-  even = a * c + b * s;
-  odd = b * c - a * s;
+  even = sum_of_products(a, c, b, s);
+  odd = sum_of_products(b, c, -a, s);
 }
 
 // 1 / sqrt(mean of squares + eps) for an RMSNorm over n values, from their fp32 sum of squares. Correctly

@@ -1,0 +1,431 @@
+"""The rest of the fused Q/KV family (spec/kv_cache.md §5, §6): the full-cache bf16 and per-tensor FP8
+variants (the matrix rows of §10 for them) and kv_norm_rope_quant_insert, on every device in both
+encodings, with their guards, canaries, invalid inputs, opcheck, torch.compile and graph capture.
+
+The kernels round every product of the rotation on its own, like the reference, so the KV rows they
+store are compared byte for byte; Q with the RMSNorm differs only through the order of the sum of
+squares (tolerances of §10: bf16 Q within 1e-2, FP8 Q within 1 FP8 ULP)."""
+
+import pytest
+import torch
+
+import dsv4ops
+from dsv4ops import Fp8Format
+from dsv4ops.reference import kv_cache as reference
+
+from conftest import DEVICES, FORMATS, assert_bits_equal, assert_bytes_equal, capture_graph
+from test_qnorm_rope_kv_insert import EPS, cos_sin_cache, inputs
+
+CANARY = 0x5A
+
+
+def fp8_code_distance(a, b):
+    """|difference| of FP8 codes on a monotone integer line (sign-magnitude mirrored); NaN codes excluded
+    by the callers' inputs."""
+
+    def monotone(x):
+        v = x.view(torch.uint8).to(torch.int32)
+        return torch.where(v >= 128, -(v - 128), v)
+
+    return (monotone(a) - monotone(b)).abs()
+
+
+def plain_cache_in_canaries(blocks, bs, dtype, device, block_gap=0):
+    """A [blocks, bs, 512] cache view (blocks `block_gap` rows apart beyond bs) inside a larger buffer filled
+    with a canary byte; returns (buffer bytes, cache view)."""
+    row_bytes = 512 * torch.empty(0, dtype=dtype).element_size()
+    rows_per_block = bs + block_gap
+    buffer = torch.full((row_bytes * (blocks * rows_per_block + 2),), CANARY, dtype=torch.uint8, device=device)
+    body = buffer[row_bytes : row_bytes * (1 + blocks * rows_per_block)].view(dtype).view(blocks, rows_per_block, 512)
+    return buffer, body[:, :bs]
+
+
+def run_full_cache(variant, q, kv, cache, slots, positions, bs, device, fmt=Fp8Format.OCP, scale=1.0,
+                   q_scale_inv=1.0, apply_q_norm=True, wrapper=False):
+    """Runs the op on `device`; returns the Q result (bf16 q rewritten, or q_fp8) on the CPU."""
+    q_dev, kv_dev = q.clone().to(device), kv.to(device)  # the bf16 variant rewrites q
+    slots, positions, cs = slots.to(device), positions.to(device), cos_sin_cache().to(device)
+    if variant == "bf16":
+        if wrapper:
+            dsv4ops.qnorm_rope_kv_insert_full_cache_bf16(q_dev, kv_dev, cache, slots, positions, cs, EPS, bs,
+                                                         apply_q_norm)
+        else:
+            torch.ops.dsv4.qnorm_rope_kv_insert_full_cache_bf16(q_dev, kv_dev, cache, slots, positions.long(), cs,
+                                                                EPS, bs, apply_q_norm)
+        return q_dev.cpu()
+    scale_t = torch.tensor([scale], device=device)
+    q_scale_t = torch.tensor([q_scale_inv], device=device)
+    if wrapper:
+        q_fp8, _ = dsv4ops.qnorm_rope_kv_insert_full_cache_fp8(q_dev, kv_dev, cache, slots, positions, cs, scale_t,
+                                                               q_scale_t, EPS, bs, apply_q_norm, fmt)
+    else:
+        q_fp8 = torch.empty(q.shape, dtype=torch.float8_e4m3fn, device=device)  # FNUZ bytes in fn tensors too
+        torch.ops.dsv4.qnorm_rope_kv_insert_full_cache_fp8(q_dev, kv_dev, q_fp8, cache, slots, positions.long(), cs,
+                                                           scale_t, q_scale_t, EPS, bs, apply_q_norm, int(fmt),
+                                                           fmt.default_quant_max)
+    assert_bits_equal(q_dev.cpu(), q), "q is read only"
+    return q_fp8.cpu()
+
+
+def reference_full_cache(variant, q, kv, blocks, bs, slots, positions, fmt=Fp8Format.OCP, scale=1.0,
+                         q_scale_inv=1.0, apply_q_norm=True):
+    q = q.clone()
+    if variant == "bf16":
+        cache = torch.zeros(blocks, bs, 512, dtype=torch.bfloat16)
+        reference.qnorm_rope_kv_insert_full_cache_bf16(q, kv, cache, slots, positions.long(), cos_sin_cache(), EPS,
+                                                       bs, apply_q_norm)
+        return q, cache
+    cache = torch.zeros(blocks, bs, 512, dtype=torch.uint8)
+    q_fp8 = torch.empty(q.shape, dtype=torch.uint8)
+    reference.qnorm_rope_kv_insert_full_cache_fp8(q, kv, q_fp8, cache, slots, positions.long(), cos_sin_cache(),
+                                                  torch.tensor([scale]), torch.tensor([q_scale_inv]), EPS, bs,
+                                                  apply_q_norm, fmt, fmt.default_quant_max)
+    return q_fp8, cache
+
+
+def assert_q_result(variant, got, want):
+    if variant == "bf16":
+        torch.testing.assert_close(got.float(), want.float(), rtol=1e-2, atol=1e-2)
+    else:
+        assert int(fp8_code_distance(got, want).max()) <= 1
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("variant", ["bf16", "fp8"])
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("positions_dtype", [torch.int32, torch.int64])
+@pytest.mark.parametrize("h", [8, 17])
+@pytest.mark.parametrize("n", [4, 17])
+def test_full_cache_matches_reference(device, variant, fmt, positions_dtype, h, n):
+    """§10 rows test_full_cache_{bf16,per_tensor_fp8}_matches_reference (the bf16 one has no encoding; it
+    runs for both values of fmt all the same). The KV cache is byte-exact, stricter than §10's 1 ULP."""
+    bs = 16
+    q, kv = inputs(n, h, seed=20, device="cpu")
+    positions = torch.arange(n, dtype=positions_dtype)
+    slots = torch.arange(n)
+    blocks = -(-n // bs) + 1
+    dtype = torch.bfloat16 if variant == "bf16" else fmt.torch_dtype
+    cache = torch.zeros(blocks, bs, 512, dtype=dtype, device=device)
+    got_q = run_full_cache(variant, q, kv, cache, slots, positions, bs, device, fmt, wrapper=True)
+    want_q, want_cache = reference_full_cache(variant, q, kv, blocks, bs, slots, positions, fmt)
+    assert_q_result(variant, got_q, want_q)
+    assert_bytes_equal(cache.cpu().view(torch.uint8), want_cache.view(torch.uint8))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("scale,q_scale_inv", [(0.5, 4.0), (0.37, 3.3), (1e-3, 1e3)])
+def test_full_cache_fp8_scales_and_saturation(device, fmt, scale, q_scale_inv):
+    """Non-unit scales, including ones that are not powers of two (the kernel and the reference both
+    multiply by the fp32 reciprocal) and ones that push most values past quant_max (saturation)."""
+    n, h, bs = 9, 3, 16
+    q, kv = inputs(n, h, seed=21, device="cpu")
+    positions, slots = torch.arange(n) * 3, torch.arange(n)
+    cache = torch.zeros(2, bs, 512, dtype=torch.float8_e4m3fn, device=device)
+    got_q = run_full_cache("fp8", q, kv, cache, slots, positions, bs, device, fmt, scale, q_scale_inv)
+    want_q, want_cache = reference_full_cache("fp8", q, kv, 2, bs, slots, positions, fmt, scale, q_scale_inv)
+    assert int(fp8_code_distance(got_q, want_q).max()) <= 1
+    assert_bytes_equal(cache.cpu().view(torch.uint8), want_cache)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("variant", ["bf16", "fp8"])
+def test_full_cache_guards_canaries_and_dp_padding(device, variant):
+    """Slots -2, huge and at the capacity edge, positions outside the table, DP padding (fewer slots than
+    tokens), apply_q_norm off, blocks with a gap between them: nothing outside the targeted rows changes."""
+    n, h, bs, blocks, gap = 10, 4, 16, 2, 3
+    q, kv = inputs(n, h, seed=22, device="cpu")
+    positions = torch.tensor([0, 1, 4095, 4096, -1, 5, 6, 2**40, 8, 9])  # 4096, -1, 2^40 outside the table
+    slots = torch.tensor([0, -2, 31, 3, 4, 32, 2**40, 7])  # capacity 32: slot 31 is the last, 32 past it
+    dtype = torch.bfloat16 if variant == "bf16" else torch.float8_e4m3fn
+    for apply_q_norm in (True, False):
+        buffer, cache = plain_cache_in_canaries(blocks, bs, dtype, device, block_gap=gap)
+        cache.view(torch.uint8).zero_()
+        got_q = run_full_cache(variant, q, kv, cache, slots, positions, bs, device, apply_q_norm=apply_q_norm)
+        want_q, want_cache = reference_full_cache(variant, q, kv, blocks, bs, slots, positions,
+                                                  apply_q_norm=apply_q_norm)
+        assert_q_result(variant, got_q, want_q)
+        assert bool((got_q[[3, 4, 7]].view(torch.uint8) == 0).all()), "rows outside the table are +0"
+        assert_bytes_equal(cache.cpu().contiguous().view(torch.uint8), want_cache.view(torch.uint8))
+        outside = buffer.cpu().clone()
+        row_bytes = 512 * cache.element_size()
+        body = outside[row_bytes : row_bytes * (1 + blocks * (bs + gap))].view(blocks, bs + gap, row_bytes)
+        body[:, :bs] = CANARY  # mask the cache rows; everything left must still be the canary
+        assert bool((outside == CANARY).all()), "bytes outside the cache rows were written"
+
+
+def kv_norm_inputs(n, seed, exact_sums):
+    """KV rows and a norm weight. With exact_sums the values are multiples of 1/8 in [-4, 4], so every sum
+    of squares is exact in any order and the kernels and the reference get the same norm factor."""
+    g = torch.Generator().manual_seed(seed)
+    if exact_sums:
+        kv = (torch.randint(-32, 33, (n, 512), generator=g).float() / 8).to(torch.bfloat16)
+    else:
+        kv = (torch.randn(n, 512, generator=g) * 3).to(torch.bfloat16)
+    weight = (torch.rand(512, generator=g) * 2).to(torch.bfloat16)
+    return kv, weight
+
+
+def run_kv_norm(kv, weight, cache, slots, positions, bs, fmt, device, wrapper=False):
+    args = (kv.to(device), weight.to(device), cache, slots.to(device), positions.to(device),
+            cos_sin_cache().to(device))
+    if wrapper:
+        dsv4ops.kv_norm_rope_quant_insert(*args, EPS, bs, fmt)
+    else:
+        torch.ops.dsv4.kv_norm_rope_quant_insert(*args, EPS, bs, int(fmt), fmt.default_quant_max)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("bs", [16, 64])
+@pytest.mark.parametrize("n", [1, 17, 2048])
+def test_kv_norm_op_exact_on_exact_sums(device, fmt, bs, n):
+    kv, weight = kv_norm_inputs(n, seed=n, exact_sums=True)
+    positions = torch.arange(n) * 2
+    slots = torch.randperm(n + bs, generator=torch.Generator().manual_seed(n))[:n]
+    slots[0] = -3
+    blocks = -(-(n + bs) // bs) + 1
+    cache = torch.zeros(blocks, bs * 584, dtype=torch.uint8, device=device)
+    run_kv_norm(kv, weight, cache, slots, positions, bs, fmt, device, wrapper=True)
+    expected = torch.zeros(blocks, bs * 584, dtype=torch.uint8)
+    reference.kv_norm_rope_quant_insert(kv, weight, expected, slots, positions, cos_sin_cache(), EPS, bs, fmt)
+    assert_bytes_equal(cache.cpu(), expected)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_kv_norm_op_random_rows(device, fmt):
+    """General rows: the norm factor may differ from the reference's by the order of the sum, which can move
+    a value across a rounding boundary. Bytes agree almost everywhere; decoded values within one FP8 step
+    at the block scale."""
+    n, bs = 512, 64
+    kv, weight = kv_norm_inputs(n, seed=30, exact_sums=False)
+    strided = torch.zeros(n, 1024, dtype=torch.bfloat16)
+    strided[:, 256:768] = kv
+    kv_view = strided[:, 256:768]  # only stride(1) == 1 and aligned rows are required
+    positions, slots = torch.arange(n), torch.arange(n)
+    cache = torch.zeros(n // bs + 1, bs * 584, dtype=torch.uint8, device=device)
+    run_kv_norm(kv_view.to(device) if device == "cpu" else kv_view, weight, cache, slots, positions, bs, fmt, device)
+    expected = torch.zeros(n // bs + 1, bs * 584, dtype=torch.uint8)
+    reference.kv_norm_rope_quant_insert(kv, weight, expected, slots, positions, cos_sin_cache(), EPS, bs, fmt)
+    got = cache.cpu()
+    assert float((got != expected).float().mean()) < 1e-3
+    from test_qnorm_rope_kv_insert import decode_cache
+
+    a, b = decode_cache(got, n, bs, fmt).float(), decode_cache(expected, n, bs, fmt).float()
+    scale_bytes = expected.view(-1, 584 * bs)[:, 576 * bs :].reshape(-1, 8)[:n, :7].float()
+    step = (32.0 if fmt is Fp8Format.OCP else 16.0) * torch.pow(2.0, scale_bytes - 127)
+    err = (a[:, :448] - b[:, :448]).abs().reshape(n, 7, 64).amax(dim=-1)
+    assert bool((err <= step).all())
+
+
+def test_kv_norm_matches_unfused_norm_then_kv_rope_insert():
+    """The fused norm is the unfused weighted rms_norm rounded to bf16, then kv_rope_quant_insert."""
+    n, bs = 33, 16
+    kv, weight = kv_norm_inputs(n, seed=31, exact_sums=True)
+    positions, slots = torch.arange(n), torch.arange(n)
+    fused = torch.zeros(4, bs * 584, dtype=torch.uint8)
+    run_kv_norm(kv, weight, fused, slots, positions, bs, Fp8Format.OCP, "cpu")
+    x = kv.float()
+    normed = (x / torch.sqrt((x * x).mean(-1, keepdim=True) + EPS) * weight.float()).to(torch.bfloat16)
+    unfused = torch.zeros_like(fused)
+    torch.ops.dsv4.kv_rope_quant_insert(normed, unfused, slots, positions, cos_sin_cache(), bs, 0, 448.0)
+    assert float((fused != unfused).float().mean()) < 1e-3
+
+
+BF16_Q = torch.zeros(3, 2, 512, dtype=torch.bfloat16)
+KV3 = torch.zeros(3, 512, dtype=torch.bfloat16)
+PLAIN = torch.zeros(2, 16, 512, dtype=torch.bfloat16)
+FP8_PLAIN = torch.zeros(2, 16, 512, dtype=torch.float8_e4m3fn)
+Q_FP8 = torch.zeros(3, 2, 512, dtype=torch.float8_e4m3fn)
+IDX = torch.arange(3)
+CS = torch.zeros(16, 64)
+ONE = torch.ones(1)
+
+
+def _bf16_args(**over):
+    base = dict(q=BF16_Q.clone(), kv=KV3, k_cache=PLAIN.clone(), slot_mapping=IDX, position_ids=IDX,
+                cos_sin_cache=CS, eps=EPS, cache_block_size=16, apply_q_norm=True)
+    base.update(over)
+    return tuple(base.values())
+
+
+def _fp8_args(**over):
+    base = dict(q=BF16_Q, kv=KV3, q_fp8=Q_FP8.clone(), k_cache=FP8_PLAIN.clone(), slot_mapping=IDX, position_ids=IDX,
+                cos_sin_cache=CS, fp8_scale=ONE, q_fp8_scale_inv=ONE, eps=EPS, cache_block_size=16, apply_q_norm=True,
+                fp8_format=0, quant_max=448.0)
+    base.update(over)
+    return tuple(base.values())
+
+
+@pytest.mark.parametrize(
+    "over,match",
+    [
+        (dict(k_cache=PLAIN.float()), "k_cache must have dtype bfloat16"),
+        (dict(k_cache=PLAIN[:, :8]), r"k_cache must have shape \[num_blocks, 16, 512\]"),
+        (dict(k_cache=PLAIN[..., :256]), r"k_cache must have shape"),
+        (dict(k_cache=PLAIN.transpose(0, 1)), r"k_cache must have shape|rows overlap"),
+        (dict(cache_block_size=0), "cache_block_size must be positive"),
+        (dict(q=BF16_Q.float()), "q must have dtype bfloat16"),
+        (dict(kv=KV3.float()), "kv must have dtype bfloat16"),
+        (dict(q=BF16_Q[:, :0].clone()), "q must have at least one head"),
+        (dict(position_ids=IDX.int()), "position_ids must have dtype int64"),
+        (dict(slot_mapping=torch.arange(4)), "slot_mapping has 4 entries for 3 tokens"),
+    ],
+)
+def test_full_cache_bf16_invalid_inputs(over, match):
+    with pytest.raises(RuntimeError, match=match):
+        torch.ops.dsv4.qnorm_rope_kv_insert_full_cache_bf16(*_bf16_args(**over))
+
+
+@pytest.mark.parametrize(
+    "over,match",
+    [
+        (dict(k_cache=PLAIN.clone()), "k_cache must have dtype float8_e4m3fn or float8_e4m3fnuz or uint8, got bfloat16"),
+        (dict(q_fp8=Q_FP8[:, :1].clone()), "q_fp8 must have q's shape"),
+        (dict(q_fp8=BF16_Q.clone()), "q_fp8 must have dtype"),
+        (dict(fp8_scale=torch.ones(2)), "fp8_scale must have exactly one element"),
+        (dict(q_fp8_scale_inv=torch.ones(1, dtype=torch.float64)), "q_fp8_scale_inv must have dtype float32"),
+        (dict(fp8_format=1, quant_max=448.0), r"quant_max must be in \(0, 240\]"),
+        (dict(fp8_format=2), "fp8_format"),
+    ],
+)
+def test_full_cache_fp8_invalid_inputs(over, match):
+    with pytest.raises(RuntimeError, match=match):
+        torch.ops.dsv4.qnorm_rope_kv_insert_full_cache_fp8(*_fp8_args(**over))
+
+
+def test_full_cache_overlap_is_refused():
+    q = torch.zeros(3, 2, 512, dtype=torch.bfloat16)
+    with pytest.raises(RuntimeError, match="q must not overlap kv or k_cache"):
+        torch.ops.dsv4.qnorm_rope_kv_insert_full_cache_bf16(q, q[:, 0], PLAIN.clone(), IDX, IDX, CS, EPS, 16, True)
+    buffer = torch.zeros(4096 * 2, dtype=torch.float8_e4m3fn)
+    with pytest.raises(RuntimeError, match="must not overlap"):
+        torch.ops.dsv4.qnorm_rope_kv_insert_full_cache_fp8(BF16_Q, KV3, buffer[:3072].view(3, 2, 512),
+                                                           buffer.view(1, 16, 512), IDX, IDX, CS, ONE, ONE, EPS, 16,
+                                                           True, 0, 448.0)
+
+
+def test_kv_norm_invalid_inputs():
+    cache = torch.zeros(1, 16 * 584, dtype=torch.uint8)
+    w = torch.ones(512, dtype=torch.bfloat16)
+    call = lambda **o: torch.ops.dsv4.kv_norm_rope_quant_insert(  # noqa: E731
+        o.get("kv", KV3), o.get("w", w), cache, o.get("slots", IDX), IDX, CS, o.get("eps", EPS), 16, 0, 448.0)
+    with pytest.raises(RuntimeError, match=r"norm_weight must have shape \[512\]"):
+        call(w=torch.ones(256, dtype=torch.bfloat16))
+    with pytest.raises(RuntimeError, match="norm_weight must have dtype bfloat16"):
+        call(w=torch.ones(512))
+    with pytest.raises(RuntimeError, match="slot_mapping must have one entry per token"):
+        call(slots=torch.arange(2))
+    with pytest.raises(RuntimeError, match="eps must be finite"):
+        call(eps=float("inf"))
+    with pytest.raises(RuntimeError, match="kv rows must be contiguous"):
+        call(kv=torch.zeros(512, 3, dtype=torch.bfloat16).t())
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_empty_inputs(device):
+    e_bf16 = torch.empty(0, 2, 512, dtype=torch.bfloat16, device=device)
+    e_kv = torch.empty(0, 512, dtype=torch.bfloat16, device=device)
+    e_idx = torch.empty(0, dtype=torch.long, device=device)
+    cs, one = cos_sin_cache(16).to(device), torch.ones(1, device=device)
+    plain = torch.zeros(1, 16, 512, dtype=torch.bfloat16, device=device)
+    torch.ops.dsv4.qnorm_rope_kv_insert_full_cache_bf16(e_bf16, e_kv, plain, e_idx, e_idx, cs, EPS, 16, True)
+    fp8 = torch.zeros(1, 16, 512, dtype=torch.float8_e4m3fn, device=device)
+    torch.ops.dsv4.qnorm_rope_kv_insert_full_cache_fp8(e_bf16, e_kv, torch.empty_like(e_bf16, dtype=fp8.dtype), fp8,
+                                                       e_idx, e_idx, cs, one, one, EPS, 16, True, 0, 448.0)
+    ds = torch.zeros(1, 16 * 584, dtype=torch.uint8, device=device)
+    torch.ops.dsv4.kv_norm_rope_quant_insert(e_kv, torch.ones(512, dtype=torch.bfloat16, device=device), ds, e_idx,
+                                             e_idx, cs, EPS, 16, 0, 448.0)
+    assert not plain.any() and not fp8.view(torch.uint8).any() and not ds.any()
+
+
+def _small_case(device):
+    q, kv = inputs(5, 2, seed=40, device="cpu")
+    weight = torch.rand(512).to(torch.bfloat16)
+    return (q.to(device), kv.to(device), weight.to(device), torch.arange(5, device=device),
+            cos_sin_cache(64).to(device))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_opcheck(device):
+    q, kv, w, idx, cs = _small_case(device)
+    one = torch.ones(1, device=device)
+    torch.library.opcheck(torch.ops.dsv4.qnorm_rope_kv_insert_full_cache_bf16.default,
+                          (q.clone(), kv, torch.zeros(1, 16, 512, dtype=torch.bfloat16, device=device), idx, idx, cs,
+                           EPS, 16, True))
+    # float8 outputs cannot be compared by opcheck's checks: uint8 tensors hold the same bytes
+    torch.library.opcheck(torch.ops.dsv4.qnorm_rope_kv_insert_full_cache_fp8.default,
+                          (q, kv, torch.zeros(5, 2, 512, dtype=torch.uint8, device=device),
+                           torch.zeros(1, 16, 512, dtype=torch.uint8, device=device), idx, idx, cs, one, one, EPS, 16,
+                           True, 1, 224.0))
+    torch.library.opcheck(torch.ops.dsv4.kv_norm_rope_quant_insert.default,
+                          (kv, w, torch.zeros(1, 16 * 584, dtype=torch.uint8, device=device), idx, idx, cs, EPS, 16,
+                           0, 448.0))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_torch_compile_fullgraph(device):
+    q, kv, w, idx, cs = _small_case(device)
+    one = torch.full((1,), 0.5, device=device)
+
+    def f(q, kv, plain, fp8, q_fp8, ds):
+        q = q * 1
+        torch.ops.dsv4.qnorm_rope_kv_insert_full_cache_bf16(q, kv, plain, idx, idx, cs, EPS, 16, True)
+        torch.ops.dsv4.qnorm_rope_kv_insert_full_cache_fp8(q, kv, q_fp8, fp8, idx, idx, cs, one, one, EPS, 16, True,
+                                                           0, 448.0)
+        torch.ops.dsv4.kv_norm_rope_quant_insert(kv, w, ds, idx, idx, cs, EPS, 16, 0, 448.0)
+        return q, plain * 1, fp8.view(torch.uint8) * 1, q_fp8.view(torch.uint8) * 1, ds * 1
+
+    def make():
+        return (q, kv, torch.zeros(1, 16, 512, dtype=torch.bfloat16, device=device),
+                torch.zeros(1, 16, 512, dtype=torch.float8_e4m3fn, device=device),
+                torch.zeros(5, 2, 512, dtype=torch.float8_e4m3fn, device=device),
+                torch.zeros(1, 16 * 584, dtype=torch.uint8, device=device))
+
+    for got, want in zip(torch.compile(f, fullgraph=True)(*make()), f(*make())):
+        assert_bits_equal(got.cpu(), want.cpu())
+
+
+@pytest.mark.gpu
+def test_graph_capture_and_replay():
+    """All three ops captured on a side stream, replayed on fresh inputs and positions."""
+    device, n, h, bs = "cuda", 64, 8, 64
+    q, kv = (t.to(device) for t in inputs(n, h, seed=41, device="cpu"))
+    weight = torch.rand(512).to(torch.bfloat16).to(device)
+    slots, positions = torch.arange(n, device=device), torch.arange(n, device=device)
+    cs, scale = cos_sin_cache().to(device), torch.full((1,), 0.25, device=device)
+    q_work = torch.empty_like(q)
+    plain = torch.zeros(2, bs, 512, dtype=torch.bfloat16, device=device)
+    fp8 = torch.zeros(2, bs, 512, dtype=torch.float8_e4m3fnuz, device=device)
+    q_fp8 = torch.empty(n, h, 512, dtype=torch.float8_e4m3fnuz, device=device)
+    ds = torch.zeros(2, bs * 584, dtype=torch.uint8, device=device)
+
+    def run():
+        q_work.copy_(q)
+        torch.ops.dsv4.qnorm_rope_kv_insert_full_cache_bf16(q_work, kv, plain, slots, positions, cs, EPS, bs, True)
+        torch.ops.dsv4.qnorm_rope_kv_insert_full_cache_fp8(q, kv, q_fp8, fp8, slots, positions, cs, scale, scale,
+                                                           EPS, bs, True, 1, 224.0)
+        torch.ops.dsv4.kv_norm_rope_quant_insert(kv, weight, ds, slots, positions, cs, EPS, bs, 1, 224.0)
+
+    graph, _ = capture_graph(run)
+    fresh_q, fresh_kv = inputs(n, h, seed=42, device="cpu")
+    q.copy_(fresh_q.to(device))
+    kv.copy_(fresh_kv.to(device))
+    positions.copy_(torch.arange(200, 200 + n, device=device))
+    for t in (plain, fp8, ds):
+        t.view(torch.uint8).zero_()
+    graph.replay()
+    torch.cuda.synchronize()
+    cpu_pos, cpu_slots = torch.arange(200, 200 + n), torch.arange(n)
+    want_q, want_plain = reference_full_cache("bf16", fresh_q, fresh_kv, 2, bs, cpu_slots, cpu_pos)
+    assert_q_result("bf16", q_work.cpu(), want_q)
+    assert_bytes_equal(plain.cpu().view(torch.uint8), want_plain.view(torch.uint8))
+    want_q8, want_fp8 = reference_full_cache("fp8", fresh_q, fresh_kv, 2, bs, cpu_slots, cpu_pos, Fp8Format.FNUZ,
+                                             0.25, 0.25)
+    assert int(fp8_code_distance(q_fp8.cpu(), want_q8).max()) <= 1
+    assert_bytes_equal(fp8.cpu().view(torch.uint8), want_fp8)
+    want_ds = torch.zeros(2, bs * 584, dtype=torch.uint8)
+    reference.kv_norm_rope_quant_insert(fresh_kv, weight.cpu(), want_ds, cpu_slots, cpu_pos, cos_sin_cache(), EPS, bs,
+                                        Fp8Format.FNUZ)
+    assert float((ds.cpu() != want_ds).float().mean()) < 1e-3
