@@ -14,7 +14,7 @@ import torch
 import dsv4ops
 from dsv4ops import Fp8Format, reference
 
-from harness import bench_main, input_sets, make_rows, time_peer, time_per_call
+from harness import bench_main, input_sets, make_rows, time_ours, time_peer, time_per_call
 
 # DSv4 weights stored as 128x128-block FP8: wo_a (Flash: 8 groups x 1024 rows, K = 4096; Pro: 16 groups),
 # and square hidden-size projections (Flash hidden 4096, Pro 7168).
@@ -48,7 +48,7 @@ def bench_dequantize(device, ceiling, compile_peers):
         ours = lambda x, s: torch.ops.dsv4.fp8_block_dequantize(x, s, 128, 128, 0, torch.bfloat16)  # noqa: E731
         expected = reference.fp8_block_dequantize(*sets[0], 128, 128, Fp8Format.OCP, torch.bfloat16)
         assert torch.equal(ours(*sets[0]), expected), "dsv4ops disagrees with the reference"
-        times = {"dsv4ops": time_per_call(ours, sets, device)}
+        times = time_ours(ours, sets, device)
         times["reference eager"] = time_per_call(
             lambda x, s: reference.fp8_block_dequantize(x, s, 128, 128, Fp8Format.OCP, torch.bfloat16), sets, device)
         if ref_compiled is not None:
@@ -73,7 +73,7 @@ def bench_encode(device, ceiling, compile_peers):
             assert differ.numel() == 0, (
                 f"dsv4ops disagrees with the reference at {differ.shape[0]} places, e.g. input "
                 f"{sets[0][0][tuple(differ[0])].item()!r}: {int(got[tuple(differ[0])])} vs {int(want[tuple(differ[0])])}")
-            times = {"dsv4ops": time_per_call(ours, sets, device)}
+            times = time_ours(ours, sets, device)
             times["torch clamp+cast"] = time_per_call(lambda x: x.clamp(-qmax, qmax).to(fmt.torch_dtype), sets, device)
             times["reference eager"] = time_per_call(lambda x: reference.fp8_encode(x, fmt, qmax), sets, device)
             if ref_compiled is not None:
@@ -91,7 +91,7 @@ def bench_e4m3fn_to_fnuz(device, ceiling, compile_peers):
     sets = input_sets(lambda: (torch.randint(0, 256, (r, c), dtype=torch.uint8, device=device),
                                torch.randint(0, 250, (r // 128, c // 128), dtype=torch.uint8, device=device)),
                       nbytes, device)
-    times = {"dsv4ops": time_per_call(lambda w, s: torch.ops.dsv4.e4m3fn_to_fnuz(w, s), sets, device)}
+    times = time_ours(lambda w, s: torch.ops.dsv4.e4m3fn_to_fnuz(w, s), sets, device)
     times["reference eager"] = time_per_call(reference.e4m3fn_to_fnuz, sets, device)
     if ref_compiled is not None:
         time_peer(times, "reference compiled", ref_compiled, sets, device, "e4m3fn_to_fnuz")

@@ -114,8 +114,11 @@ DSV4_DEVICE void store_ds_mla_lane(const DsMlaCache& cache, int64_t slot, int la
   }
 }
 
-template <Fp8Format F>
+// One instance per encoding and KV store, so each holds only the state its variant needs (the kernel
+// arguments would not fit the scalar registers otherwise).
+template <Fp8Format F, KvRowStore S>
 __global__ void __launch_bounds__(kElementwiseThreads) qnorm_rope_kv_insert_kernel(QnormRopeKvInsertArgs args) {
+  constexpr bool kFp8Q = S == KvRowStore::kFp8Row;
   const int lane = threadIdx.x % kGroupLanes;
   const int64_t slots_per_token = args.padded_heads + 1;
   const int64_t groups = args.tokens * slots_per_token;
@@ -139,30 +142,31 @@ __global__ void __launch_bounds__(kElementwiseThreads) qnorm_rope_kv_insert_kern
         }
         rope_lane(values, lane, cos_sin_row);
       }
-      if (args.q_fp8 != nullptr) {  // padded_heads == heads here; the zero byte is +0 in both encodings
+      if constexpr (kFp8Q) {  // padded_heads == heads here; the zero byte is +0 in both encodings
         uint8_t* out = args.q_fp8 + row * ds_mla::kHeadDim + lane * kDimsPerLane;
         if (zero_row) {
           *reinterpret_cast<uint4*>(out) = make_uint4(0, 0, 0, 0);
         } else {
           store_fp8x16<F>(out, values, *args.q_scale_inverse, args.quant_max);
         }
-        continue;
-      }
-      uint8_t* out = reinterpret_cast<uint8_t*>(args.q_out + row * ds_mla::kHeadDim + lane * kDimsPerLane);
-      if (zero_row) {
-        reinterpret_cast<uint4*>(out)[0] = make_uint4(0, 0, 0, 0);
-        reinterpret_cast<uint4*>(out)[1] = make_uint4(0, 0, 0, 0);
       } else {
-        store_bf16x16(out, values);
+        uint8_t* out = reinterpret_cast<uint8_t*>(args.q_out + row * ds_mla::kHeadDim + lane * kDimsPerLane);
+        if (zero_row) {
+          reinterpret_cast<uint4*>(out)[0] = make_uint4(0, 0, 0, 0);
+          reinterpret_cast<uint4*>(out)[1] = make_uint4(0, 0, 0, 0);
+        } else {
+          store_bf16x16(out, values);
+        }
       }
       continue;
     }
     // The KV slot.
     if (token >= args.insert_tokens) continue;
     const int64_t slot = args.slot_mapping[token];
-    if (slot < 0 || slot >= args.kv_capacity() || !position_ok) continue;
+    const int64_t capacity = S == KvRowStore::kDsMlaRecord ? args.cache.capacity() : args.rows.capacity();
+    if (slot < 0 || slot >= capacity || !position_ok) continue;
     load_bf16x16(args.kv + token * args.kv_row_stride + lane * kDimsPerLane, values);
-    if (args.kv_norm_weight != nullptr) {  // weighted RMSNorm, rounded to bf16 like the unfused rms_norm
+    if (S == KvRowStore::kDsMlaRecord && args.kv_norm_weight != nullptr) {  // weighted RMSNorm, rounded to bf16 like the unfused rms_norm
       const float factor = rms_inverse(group_sum(sum_of_squares(values)), ds_mla::kHeadDim, args.eps);
       float weights[kDimsPerLane];
       load_bf16x16(args.kv_norm_weight + lane * kDimsPerLane, weights);
@@ -171,17 +175,13 @@ __global__ void __launch_bounds__(kElementwiseThreads) qnorm_rope_kv_insert_kern
       round_to_bf16(values);
     }
     rope_lane(values, lane, cos_sin_row);
-    switch (args.kv_store) {
-      case KvRowStore::kBf16Row:
-        store_bf16x16(args.rows.row(slot) + lane * 2 * kDimsPerLane, values);
-        break;
-      case KvRowStore::kFp8Row:
-        store_fp8x16<F>(args.rows.row(slot) + lane * kDimsPerLane, values, 1.0f / *args.kv_scale, args.quant_max);
-        break;
-      default:
-        round_to_bf16(values);
-        store_ds_mla_lane<F>(args.cache, slot, lane, values, args.quant_max);
-        break;
+    if constexpr (S == KvRowStore::kBf16Row) {
+      store_bf16x16(args.rows.row(slot) + lane * 2 * kDimsPerLane, values);
+    } else if constexpr (S == KvRowStore::kFp8Row) {
+      store_fp8x16<F>(args.rows.row(slot) + lane * kDimsPerLane, values, 1.0f / *args.kv_scale, args.quant_max);
+    } else {
+      round_to_bf16(values);
+      store_ds_mla_lane<F>(args.cache, slot, lane, values, args.quant_max);
     }
   }
 }
@@ -192,6 +192,7 @@ LaunchStatus launch_qnorm_rope_kv_insert(const QnormRopeKvInsertArgs& args, void
   const int64_t block_size =
       args.kv_store == KvRowStore::kDsMlaRecord ? args.cache.block_size : args.rows.block_size;
   if (args.tokens < 0 || args.heads < 0 || args.padded_heads < args.heads || block_size <= 0 ||
+      (args.q_fp8 != nullptr) != (args.kv_store == KvRowStore::kFp8Row) ||
       (args.q_fp8 != nullptr && args.padded_heads != args.heads)) {
     return LaunchStatus::kInvalidArgument;
   }
@@ -202,8 +203,22 @@ LaunchStatus launch_qnorm_rope_kv_insert(const QnormRopeKvInsertArgs& args, void
   auto hip_stream = static_cast<hipStream_t>(stream);
   with_fp8_format(args.format, [&](auto format_tag) {
     constexpr Fp8Format kFormat = decltype(format_tag)::value;
-    hipLaunchKernelGGL((qnorm_rope_kv_insert_kernel<kFormat>), dim3(static_cast<unsigned>(blocks)),
-                       dim3(kElementwiseThreads), 0, hip_stream, args);
+    const dim3 grid(static_cast<unsigned>(blocks));
+    const dim3 block(kElementwiseThreads);
+    switch (args.kv_store) {
+      case KvRowStore::kBf16Row:
+        hipLaunchKernelGGL((qnorm_rope_kv_insert_kernel<kFormat, KvRowStore::kBf16Row>), grid, block, 0, hip_stream,
+                           args);
+        break;
+      case KvRowStore::kFp8Row:
+        hipLaunchKernelGGL((qnorm_rope_kv_insert_kernel<kFormat, KvRowStore::kFp8Row>), grid, block, 0, hip_stream,
+                           args);
+        break;
+      default:
+        hipLaunchKernelGGL((qnorm_rope_kv_insert_kernel<kFormat, KvRowStore::kDsMlaRecord>), grid, block, 0,
+                           hip_stream, args);
+        break;
+    }
   });
   return last_launch_status();
 }
