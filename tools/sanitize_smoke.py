@@ -47,5 +47,15 @@ for n, h, hp in ((1, 1, 8), (7, 3, 3), (33, 8, 16)):
         ops.qnorm_rope_kv_insert(q, kv, cache, slots, positions, cos_sin, hp, 1e-6, 16, True, fmt, qmax)
         ops.qnorm_rope_kv_insert(q, kv, cache, slots[: n // 2], positions, cos_sin, hp, 1e-6, 16, False, fmt, qmax)
         ops.kv_rope_quant_insert(kv, cache, slots, positions, cos_sin, 16, fmt, qmax)
+        strided_kv = torch.randn(n, 1024, device=dev).to(torch.bfloat16)[:, 512:]
+        weight = torch.rand(512, device=dev).to(torch.bfloat16)
+        ops.kv_norm_rope_quant_insert(strided_kv, weight, cache, slots, positions, cos_sin, 1e-6, 16, fmt, qmax)
+        plain = torch.zeros(2, 16, 512, dtype=torch.bfloat16, device=dev)
+        ops.qnorm_rope_kv_insert_full_cache_bf16(q.clone(), kv, plain, slots, positions, cos_sin, 1e-6, 16, True)
+        gapped = torch.zeros(2, 20, 512, dtype=torch.float8_e4m3fn, device=dev)[:, :16]  # blocks 20 rows apart
+        scale = torch.full((1,), 0.5, device=dev)
+        ops.qnorm_rope_kv_insert_full_cache_fp8(q, kv, torch.empty(n, h, 512, dtype=torch.float8_e4m3fn, device=dev),
+                                                gapped, slots, positions, cos_sin, scale, scale, 1e-6, 16, True, fmt,
+                                                qmax)
 torch.cuda.synchronize()
 print("sanitize smoke: all ops ran")
