@@ -22,7 +22,8 @@ from harness import bench_main, input_sets, make_rows, time_ours, time_peer, tim
 BLOCK_SIZE = 64
 INSERT_TOKENS = [("decode N=1", 1), ("decode N=8", 8), ("decode N=64", 64), ("prefill N=2048", 2048),
                  ("prefill N=8192", 8192)]
-GATHER_CASES = [("1 request x 8192 tokens", 1, 8192), ("32 requests x 256 tokens", 32, 256)]
+GATHER_CASES = [("1 request x 8192 tokens", 1, 8192), ("32 requests x 256 tokens", 32, 256),
+                ("16 requests x 8192 tokens", 16, 8192)]
 
 
 def bench_insert(device, ceiling, compile_peers):

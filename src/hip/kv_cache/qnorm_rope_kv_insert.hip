@@ -1,9 +1,15 @@
 // The fused Q/KV op family (spec/kv_cache.md §3, §5, §6): Q RMSNorm + GPT-J RoPE (padded heads zeroed;
 // bf16 or per-tensor FP8 out) and KV [weighted RMSNorm +] RoPE + insert into an fp8_ds_mla, bf16 or
-// per-tensor FP8 cache. One 32-lane group per (token, slot), slot
-// 0..padded_heads-1 a Q head and slot padded_heads the KV row; each lane owns 16 consecutive dims:
-// lanes 0..27 the NoPE dims (4 lanes per 64-dim quant block), lanes 28..31 the RoPE dims. A group is a
-// warp on NVIDIA and half a wavefront on CDNA; its shuffles never leave it.
+// per-tensor FP8 cache.
+//
+// One 32-lane group per (token, slot): slots 0..padded_heads-1 are Q heads, slot padded_heads the KV row.
+// Lane l holds dims [8l, 8l+8) and [256+8l, 256+8l+8) of the 512-dim row (its two "pieces"), so every
+// load and store instruction of the group covers one contiguous span. In the second piece, lanes 0..23
+// hold NoPE dims 256..447 and lanes 24..31 the RoPE dims 448..511; 8 lanes make one 64-dim quantization
+// block. A group is a warp on NVIDIA and half a wavefront on CDNA; its shuffles never leave it.
+//
+// A job issues its row load together with its position load, never behind it: the row is read whatever
+// the position (it is in bounds) and whether to use it is decided once both are in flight.
 #include "dsv4/launch.h"
 #include "dsv4/rope.h"
 #include "kv_cache_launchers.h"
@@ -12,47 +18,85 @@ namespace dsv4::gpu {
 namespace {
 
 constexpr int kGroupLanes = 32;
-constexpr int kDimsPerLane = 16;
-constexpr int kNopeLanes = ds_mla::kNopeDim / kDimsPerLane;  // 28
+constexpr int kPieceDims = 8;
+constexpr int kHalfDims = ds_mla::kHeadDim / 2;                                  // 256
+constexpr int kFirstRopeLane = (ds_mla::kNopeDim - kHalfDims) / kPieceDims;     // 24
+constexpr int kLanesPerQuantBlock = ds_mla::kQuantBlock / kPieceDims;           // 8
 constexpr int kGroupsPerBlock = kElementwiseThreads / kGroupLanes;
-constexpr int kLanesPerQuantBlock = ds_mla::kQuantBlock / kDimsPerLane;  // 4
 
-DSV4_DEVICE void load_bf16x16(const uint16_t* src, float* values) {
-  const uint4* vectors = reinterpret_cast<const uint4*>(src);
+// A lane's 16 values of one row: piece h holds dims h*256 + 8*lane + j.
+struct Share {
+  float v[2][kPieceDims];
+};
+
+// The same, as loaded: bf16 bits.
+struct RawShare {
+  uint4 piece[2];
+};
+
+DSV4_DEVICE RawShare load_share(const uint16_t* row, int lane) {
+  RawShare raw;
 #pragma unroll
-  for (int v = 0; v < 2; ++v) {
-    const uint4 raw = vectors[v];
-    const uint32_t words[4] = {raw.x, raw.y, raw.z, raw.w};
+  for (int h = 0; h < 2; ++h) raw.piece[h] = *reinterpret_cast<const uint4*>(row + h * kHalfDims + lane * kPieceDims);
+  return raw;
+}
+
+DSV4_DEVICE Share unpack_share(const RawShare& raw) {
+  Share s;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const uint32_t words[4] = {raw.piece[h].x, raw.piece[h].y, raw.piece[h].z, raw.piece[h].w};
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
-      values[8 * v + 2 * j] = bf16_bits_to_float(static_cast<uint16_t>(words[j] & 0xffffu));
-      values[8 * v + 2 * j + 1] = bf16_bits_to_float(static_cast<uint16_t>(words[j] >> 16));
+      s.v[h][2 * j] = bf16_bits_to_float(static_cast<uint16_t>(words[j] & 0xffffu));
+      s.v[h][2 * j + 1] = bf16_bits_to_float(static_cast<uint16_t>(words[j] >> 16));
     }
+  }
+  return s;
+}
+
+DSV4_DEVICE uint4 pack_bf16x8(const float* values) {
+  uint32_t words[4];
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    words[j] = float_to_bf16_bits(values[2 * j]) | (static_cast<uint32_t>(float_to_bf16_bits(values[2 * j + 1])) << 16);
+  }
+  return make_uint4(words[0], words[1], words[2], words[3]);
+}
+
+// Row of bf16 (element pointer) or of FP8 bytes.
+DSV4_DEVICE void store_bf16_share(uint16_t* row, int lane, const Share& s) {
+#pragma unroll
+  for (int h = 0; h < 2; ++h) *reinterpret_cast<uint4*>(row + h * kHalfDims + lane * kPieceDims) = pack_bf16x8(s.v[h]);
+}
+
+DSV4_DEVICE void store_zero_bf16_share(uint16_t* row, int lane) {
+#pragma unroll
+  for (int h = 0; h < 2; ++h) *reinterpret_cast<uint4*>(row + h * kHalfDims + lane * kPieceDims) = make_uint4(0, 0, 0, 0);
+}
+
+// fp8(clamp(v * multiplier, +-quant_max)) for 8 values.
+template <Fp8Format F>
+DSV4_DEVICE uint2 pack_fp8x8(const float* values, float multiplier, float quant_max) {
+  uint32_t words[2] = {0, 0};
+#pragma unroll
+  for (int j = 0; j < kPieceDims; ++j) {
+    words[j / 4] |= static_cast<uint32_t>(fp8_encode_clamped<F>(values[j] * multiplier, quant_max)) << (8 * (j % 4));
+  }
+  return make_uint2(words[0], words[1]);
+}
+
+template <Fp8Format F>
+DSV4_DEVICE void store_fp8_share(uint8_t* row, int lane, const Share& s, float multiplier, float quant_max) {
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    *reinterpret_cast<uint2*>(row + h * kHalfDims + lane * kPieceDims) = pack_fp8x8<F>(s.v[h], multiplier, quant_max);
   }
 }
 
-DSV4_DEVICE void store_bf16x16(uint8_t* dst, const float* values) {
-  uint4* vectors = reinterpret_cast<uint4*>(dst);
+DSV4_DEVICE void store_zero_fp8_share(uint8_t* row, int lane) {
 #pragma unroll
-  for (int v = 0; v < 2; ++v) {
-    uint32_t words[4];
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      words[j] = float_to_bf16_bits(values[8 * v + 2 * j]) |
-                 (static_cast<uint32_t>(float_to_bf16_bits(values[8 * v + 2 * j + 1])) << 16);
-    }
-    vectors[v] = make_uint4(words[0], words[1], words[2], words[3]);
-  }
-}
-
-// Rotates this lane's 8 pairs if it holds RoPE dims.
-DSV4_DEVICE void rope_lane(float* values, int lane, const float* cos_sin_row) {
-  if (lane < kNopeLanes) return;
-#pragma unroll
-  for (int j = 0; j < kDimsPerLane / 2; ++j) {
-    const int pair = (lane - kNopeLanes) * (kDimsPerLane / 2) + j;
-    rope_rotate_pair(values[2 * j], values[2 * j + 1], cos_sin_row[pair], cos_sin_row[ds_mla::kRopeDim / 2 + pair]);
-  }
+  for (int h = 0; h < 2; ++h) *reinterpret_cast<uint2*>(row + h * kHalfDims + lane * kPieceDims) = make_uint2(0, 0);
 }
 
 DSV4_DEVICE float group_sum(float value) {
@@ -61,56 +105,158 @@ DSV4_DEVICE float group_sum(float value) {
   return value;
 }
 
-DSV4_DEVICE float sum_of_squares(const float* values) {
+// 1 / RMS of the whole row (all 32 lanes take part).
+DSV4_DEVICE float row_rms_inverse(const Share& s, float eps) {
   float sum = 0.0f;
 #pragma unroll
-  for (int j = 0; j < kDimsPerLane; ++j) sum += values[j] * values[j];
-  return sum;
-}
-
-// 16 values to 16 FP8 bytes: fp8(clamp(v * multiplier, +-quant_max)).
-template <Fp8Format F>
-DSV4_DEVICE void store_fp8x16(uint8_t* dst, const float* values, float multiplier, float quant_max) {
-  uint32_t words[4] = {0, 0, 0, 0};
+  for (int h = 0; h < 2; ++h) {
 #pragma unroll
-  for (int j = 0; j < kDimsPerLane; ++j) {
-    words[j / 4] |= static_cast<uint32_t>(fp8_encode_clamped<F>(values[j] * multiplier, quant_max)) << (8 * (j % 4));
+    for (int j = 0; j < kPieceDims; ++j) sum += s.v[h][j] * s.v[h][j];
   }
-  *reinterpret_cast<uint4*>(dst) = make_uint4(words[0], words[1], words[2], words[3]);
+  return rms_inverse(group_sum(sum), ds_mla::kHeadDim, eps);
 }
 
-DSV4_DEVICE void round_to_bf16(float* values) {
+// Rotates the lane's RoPE dims (second piece of lanes 24..31: pairs 4*(lane-24) .. +3).
+DSV4_DEVICE void rope_share(Share& s, int lane, const float* cos_sin_row) {
+  if (lane < kFirstRopeLane) return;
 #pragma unroll
-  for (int j = 0; j < kDimsPerLane; ++j) values[j] = bf16_bits_to_float(float_to_bf16_bits(values[j]));
-}
-
-// This lane's 16 dims of a rotated, bf16-representable KV row into the fp8_ds_mla record at `slot`.
-template <Fp8Format F>
-DSV4_DEVICE void store_ds_mla_lane(const DsMlaCache& cache, int64_t slot, int lane, const float* values,
-                                   float quant_max) {
-  float amax = 0.0f;  // fmaxf ignores NaN
-#pragma unroll
-  for (int j = 0; j < kDimsPerLane; ++j) amax = fmaxf(amax, fabsf(values[j]));
-#pragma unroll
-  for (int mask = 1; mask < kLanesPerQuantBlock; mask <<= 1) {
-    amax = fmaxf(amax, shuffle_xor(amax, mask, kLanesPerQuantBlock));
+  for (int j = 0; j < kPieceDims / 2; ++j) {
+    const int pair = (lane - kFirstRopeLane) * (kPieceDims / 2) + j;
+    rope_rotate_pair(s.v[1][2 * j], s.v[1][2 * j + 1], cos_sin_row[pair], cos_sin_row[ds_mla::kRopeDim / 2 + pair]);
   }
+}
+
+DSV4_DEVICE void round_share_to_bf16(Share& s) {
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+#pragma unroll
+    for (int j = 0; j < kPieceDims; ++j) s.v[h][j] = bf16_bits_to_float(float_to_bf16_bits(s.v[h][j]));
+  }
+}
+
+// The lane's share of a rotated, bf16-representable KV row into the fp8_ds_mla record at `slot`.
+template <Fp8Format F>
+DSV4_DEVICE void store_ds_mla_share(const DsMlaCache& cache, int64_t slot, int lane, const Share& s, float quant_max) {
   const ds_mla::RecordAddress address = ds_mla::record_address(slot, cache.block_size, cache.block_stride);
   uint8_t* data = cache.bytes + address.data;
-  if (lane < kNopeLanes) {
+  uint8_t* scales = cache.bytes + address.scale;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    float amax = 0.0f;  // fmaxf ignores NaN
+#pragma unroll
+    for (int j = 0; j < kPieceDims; ++j) amax = fmaxf(amax, fabsf(s.v[h][j]));
+#pragma unroll
+    for (int mask = 1; mask < kLanesPerQuantBlock; mask <<= 1) {
+      amax = fmaxf(amax, shuffle_xor(amax, mask, kLanesPerQuantBlock));
+    }
+    if (h == 1 && lane >= kFirstRopeLane) {  // the bf16 RoPE tail, and the record's pad byte
+      *reinterpret_cast<uint4*>(data + ds_mla::kNopeDim + (lane - kFirstRopeLane) * 2 * kPieceDims) =
+          pack_bf16x8(s.v[1]);
+      if (lane == kFirstRopeLane) scales[ds_mla::kNumQuantBlocks] = 0;
+      continue;
+    }
     const uint8_t scale_byte = ue8m0_encode_rceil(amax, quant_max, ds_mla::kAmaxFloor);
     const float inverse_scale = ds_mla::ue8m0_inverse_scale(scale_byte);
-    uint32_t words[4] = {0, 0, 0, 0};
+    uint32_t words[2] = {0, 0};
 #pragma unroll
-    for (int j = 0; j < kDimsPerLane; ++j) {
-      words[j / 4] |= static_cast<uint32_t>(ds_mla::quantize_nope_value<F>(values[j], inverse_scale, quant_max))
+    for (int j = 0; j < kPieceDims; ++j) {
+      words[j / 4] |= static_cast<uint32_t>(ds_mla::quantize_nope_value<F>(s.v[h][j], inverse_scale, quant_max))
                       << (8 * (j % 4));
     }
-    *reinterpret_cast<uint4*>(data + lane * kDimsPerLane) = make_uint4(words[0], words[1], words[2], words[3]);
-    if (lane % kLanesPerQuantBlock == 0) cache.bytes[address.scale + lane / kLanesPerQuantBlock] = scale_byte;
+    *reinterpret_cast<uint2*>(data + h * kHalfDims + lane * kPieceDims) = make_uint2(words[0], words[1]);
+    if (lane % kLanesPerQuantBlock == 0) {
+      scales[(h * kHalfDims + lane * kPieceDims) / ds_mla::kQuantBlock] = scale_byte;
+    }
+  }
+}
+
+// One (token, slot) job: its indices and its row as loaded.
+struct Job {
+  int64_t token;
+  int64_t head;  // == padded_heads: the KV row
+  int64_t position;
+  int64_t slot;  // KV only; -1 when the token has none
+  RawShare raw;
+};
+
+// Issues the job's loads. Rows are read whatever the position (they are in bounds); whether to use
+// them is decided after the loads are in flight.
+DSV4_DEVICE Job begin_job(const QnormRopeKvInsertArgs& args, int64_t group, int lane) {
+  Job job;
+  const int64_t slots_per_token = args.padded_heads + 1;
+  job.token = group / slots_per_token;
+  job.head = group - job.token * slots_per_token;
+  job.position = args.position_ids[job.token];
+  job.slot = -1;
+  if (job.head < args.heads) {
+    job.raw = load_share(args.q_in + (job.token * args.heads + job.head) * ds_mla::kHeadDim, lane);
+  } else if (job.head == args.padded_heads && job.token < args.insert_tokens) {
+    job.slot = args.slot_mapping[job.token];
+    job.raw = load_share(args.kv + job.token * args.kv_row_stride, lane);
+  }
+  return job;
+}
+
+template <Fp8Format F, KvRowStore S>
+DSV4_DEVICE void finish_job(const QnormRopeKvInsertArgs& args, const Job& job, int lane) {
+  const bool position_ok = job.position >= 0 && job.position < args.positions;
+  const float* cos_sin_row = args.cos_sin + (position_ok ? job.position : 0) * ds_mla::kRopeDim;
+  if (job.head < args.padded_heads) {  // a Q slot (every branch below is uniform across the group)
+    const int64_t row = job.token * args.padded_heads + job.head;
+    const bool zero_row = job.head >= args.heads || !position_ok;
+    Share s;
+    if (!zero_row) {
+      s = unpack_share(job.raw);
+      if (args.apply_q_norm) {
+        const float factor = row_rms_inverse(s, args.eps);
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+#pragma unroll
+          for (int j = 0; j < kPieceDims; ++j) s.v[h][j] *= factor;
+        }
+      }
+      rope_share(s, lane, cos_sin_row);
+    }
+    if constexpr (S == KvRowStore::kFp8Row) {  // padded_heads == heads; the zero byte is +0 in both encodings
+      uint8_t* out = args.q_fp8 + row * ds_mla::kHeadDim;
+      if (zero_row) {
+        store_zero_fp8_share(out, lane);
+      } else {
+        store_fp8_share<F>(out, lane, s, *args.q_scale_inverse, args.quant_max);
+      }
+    } else {
+      uint16_t* out = args.q_out + row * ds_mla::kHeadDim;
+      if (zero_row) {
+        store_zero_bf16_share(out, lane);
+      } else {
+        store_bf16_share(out, lane, s);
+      }
+    }
+    return;
+  }
+  // The KV slot.
+  const int64_t capacity = S == KvRowStore::kDsMlaRecord ? args.cache.capacity() : args.rows.capacity();
+  if (job.slot < 0 || job.slot >= capacity || !position_ok) return;
+  Share s = unpack_share(job.raw);
+  if (S == KvRowStore::kDsMlaRecord && args.kv_norm_weight != nullptr) {
+    // Weighted RMSNorm, rounded to bf16 like the unfused rms_norm.
+    const float factor = row_rms_inverse(s, args.eps);
+    const Share weight = unpack_share(load_share(args.kv_norm_weight, lane));
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+#pragma unroll
+      for (int j = 0; j < kPieceDims; ++j) s.v[h][j] = s.v[h][j] * factor * weight.v[h][j];
+    }
+    round_share_to_bf16(s);
+  }
+  rope_share(s, lane, cos_sin_row);
+  if constexpr (S == KvRowStore::kBf16Row) {
+    store_bf16_share(reinterpret_cast<uint16_t*>(args.rows.row(job.slot)), lane, s);
+  } else if constexpr (S == KvRowStore::kFp8Row) {
+    store_fp8_share<F>(args.rows.row(job.slot), lane, s, 1.0f / *args.kv_scale, args.quant_max);
   } else {
-    store_bf16x16(data + ds_mla::kNopeDim + (lane - kNopeLanes) * 2 * kDimsPerLane, values);
-    if (lane == kNopeLanes) cache.bytes[address.scale + ds_mla::kNumQuantBlocks] = 0;  // pad byte
+    round_share_to_bf16(s);
+    store_ds_mla_share<F>(args.cache, job.slot, lane, s, args.quant_max);
   }
 }
 
@@ -118,71 +264,12 @@ DSV4_DEVICE void store_ds_mla_lane(const DsMlaCache& cache, int64_t slot, int la
 // arguments would not fit the scalar registers otherwise).
 template <Fp8Format F, KvRowStore S>
 __global__ void __launch_bounds__(kElementwiseThreads) qnorm_rope_kv_insert_kernel(QnormRopeKvInsertArgs args) {
-  constexpr bool kFp8Q = S == KvRowStore::kFp8Row;
   const int lane = threadIdx.x % kGroupLanes;
-  const int64_t slots_per_token = args.padded_heads + 1;
-  const int64_t groups = args.tokens * slots_per_token;
+  const int64_t groups = args.tokens * (args.padded_heads + 1);
+  const int64_t group_count = static_cast<int64_t>(gridDim.x) * kGroupsPerBlock;
   for (int64_t group = static_cast<int64_t>(blockIdx.x) * kGroupsPerBlock + threadIdx.x / kGroupLanes; group < groups;
-       group += static_cast<int64_t>(gridDim.x) * kGroupsPerBlock) {
-    const int64_t token = group / slots_per_token;
-    const int64_t head = group - token * slots_per_token;
-    const int64_t position = args.position_ids[token];
-    const bool position_ok = position >= 0 && position < args.positions;
-    const float* cos_sin_row = args.cos_sin + (position_ok ? position : 0) * ds_mla::kRopeDim;
-    float values[kDimsPerLane];
-    if (head < args.padded_heads) {  // a Q slot (every branch below is uniform across the group)
-      const int64_t row = token * args.padded_heads + head;
-      const bool zero_row = head >= args.heads || !position_ok;
-      if (!zero_row) {
-        load_bf16x16(args.q_in + (token * args.heads + head) * ds_mla::kHeadDim + lane * kDimsPerLane, values);
-        if (args.apply_q_norm) {
-          const float factor = rms_inverse(group_sum(sum_of_squares(values)), ds_mla::kHeadDim, args.eps);
-#pragma unroll
-          for (int j = 0; j < kDimsPerLane; ++j) values[j] *= factor;
-        }
-        rope_lane(values, lane, cos_sin_row);
-      }
-      if constexpr (kFp8Q) {  // padded_heads == heads here; the zero byte is +0 in both encodings
-        uint8_t* out = args.q_fp8 + row * ds_mla::kHeadDim + lane * kDimsPerLane;
-        if (zero_row) {
-          *reinterpret_cast<uint4*>(out) = make_uint4(0, 0, 0, 0);
-        } else {
-          store_fp8x16<F>(out, values, *args.q_scale_inverse, args.quant_max);
-        }
-      } else {
-        uint8_t* out = reinterpret_cast<uint8_t*>(args.q_out + row * ds_mla::kHeadDim + lane * kDimsPerLane);
-        if (zero_row) {
-          reinterpret_cast<uint4*>(out)[0] = make_uint4(0, 0, 0, 0);
-          reinterpret_cast<uint4*>(out)[1] = make_uint4(0, 0, 0, 0);
-        } else {
-          store_bf16x16(out, values);
-        }
-      }
-      continue;
-    }
-    // The KV slot.
-    if (token >= args.insert_tokens) continue;
-    const int64_t slot = args.slot_mapping[token];
-    const int64_t capacity = S == KvRowStore::kDsMlaRecord ? args.cache.capacity() : args.rows.capacity();
-    if (slot < 0 || slot >= capacity || !position_ok) continue;
-    load_bf16x16(args.kv + token * args.kv_row_stride + lane * kDimsPerLane, values);
-    if (S == KvRowStore::kDsMlaRecord && args.kv_norm_weight != nullptr) {  // weighted RMSNorm, rounded to bf16 like the unfused rms_norm
-      const float factor = rms_inverse(group_sum(sum_of_squares(values)), ds_mla::kHeadDim, args.eps);
-      float weights[kDimsPerLane];
-      load_bf16x16(args.kv_norm_weight + lane * kDimsPerLane, weights);
-#pragma unroll
-      for (int j = 0; j < kDimsPerLane; ++j) values[j] = values[j] * factor * weights[j];
-      round_to_bf16(values);
-    }
-    rope_lane(values, lane, cos_sin_row);
-    if constexpr (S == KvRowStore::kBf16Row) {
-      store_bf16x16(args.rows.row(slot) + lane * 2 * kDimsPerLane, values);
-    } else if constexpr (S == KvRowStore::kFp8Row) {
-      store_fp8x16<F>(args.rows.row(slot) + lane * kDimsPerLane, values, 1.0f / *args.kv_scale, args.quant_max);
-    } else {
-      round_to_bf16(values);
-      store_ds_mla_lane<F>(args.cache, slot, lane, values, args.quant_max);
-    }
+       group += group_count) {
+    finish_job<F, S>(args, begin_job(args, group, lane), lane);
   }
 }
 
