@@ -13,7 +13,10 @@ constexpr int kHalfDims = ds_mla::kHeadDim / 2;                               //
 constexpr int kFirstRopeLane = (ds_mla::kNopeDim - kHalfDims) / kPieceDims;  // 24
 constexpr int kTokensPerBlock = kElementwiseThreads / kThreadsPerToken;
 constexpr int64_t kMaxGridRequests = 65535;
-constexpr int64_t kMaxGridTokenBlocks = 8192;
+// About this many blocks in all fill any current GPU several times over; beyond that, groups loop over
+// rows, which lets them keep the next row's loads in flight.
+constexpr int64_t kTargetBlocks = 2048;
+constexpr int64_t kMinTokenBlocks = 8;
 
 template <Fp8Format F>
 DSV4_DEVICE uint4 decode_fp8x8(uint2 codes, float block_scale) {
@@ -29,43 +32,65 @@ DSV4_DEVICE uint4 decode_fp8x8(uint2 codes, float block_scale) {
   return make_uint4(pairs[0], pairs[1], pairs[2], pairs[3]);
 }
 
+// One gathered row's loads: the lane's NoPE bytes and scales of both halves (or the RoPE tail).
+struct RowLoad {
+  int64_t block;  // < 0: a zero row
+  uint2 low_codes;
+  uint2 high_codes;
+  uint4 rope;
+  uint8_t low_scale;
+  uint8_t high_scale;
+};
+
+DSV4_DEVICE RowLoad begin_row(const KvGatherArgs& args, int64_t request, int64_t logical, int lane) {
+  RowLoad load;
+  load.block = args.block_of(request, logical);
+  if (load.block < 0) return load;
+  const ds_mla::RecordAddress address = ds_mla::record_address(
+      load.block * args.block_size + logical % args.block_size, args.block_size, args.block_stride);
+  const uint8_t* data = args.cache + address.data;
+  const uint8_t* scales = args.cache + address.scale;
+  // Lane l: dims [8l, 8l+8) and [256+8l, 256+8l+8); lanes 24..31 of the second half hold the bf16
+  // RoPE tail. Every load and store of the group covers one contiguous span.
+  load.low_codes = *reinterpret_cast<const uint2*>(data + lane * kPieceDims);
+  load.low_scale = scales[lane * kPieceDims / ds_mla::kQuantBlock];
+  if (lane < kFirstRopeLane) {
+    load.high_codes = *reinterpret_cast<const uint2*>(data + kHalfDims + lane * kPieceDims);
+    load.high_scale = scales[(kHalfDims + lane * kPieceDims) / ds_mla::kQuantBlock];
+  } else {
+    load.rope = *reinterpret_cast<const uint4*>(data + ds_mla::kNopeDim + (lane - kFirstRopeLane) * 2 * kPieceDims);
+  }
+  return load;
+}
+
+template <Fp8Format F>
+DSV4_DEVICE void finish_row(const RowLoad& load, uint16_t* out, int lane) {
+  uint4 low = make_uint4(0, 0, 0, 0);
+  uint4 high = make_uint4(0, 0, 0, 0);
+  if (load.block >= 0) {
+    low = decode_fp8x8<F>(load.low_codes, ue8m0_decode(load.low_scale));
+    high = lane < kFirstRopeLane ? decode_fp8x8<F>(load.high_codes, ue8m0_decode(load.high_scale)) : load.rope;
+  }
+  *reinterpret_cast<uint4*>(out + lane * kPieceDims) = low;
+  *reinterpret_cast<uint4*>(out + kHalfDims + lane * kPieceDims) = high;
+}
+
 template <Fp8Format F>
 __global__ void __launch_bounds__(kElementwiseThreads) dequantize_and_gather_kernel(KvGatherArgs args) {
   const int lane = threadIdx.x % kThreadsPerToken;
+  const int64_t first = static_cast<int64_t>(blockIdx.x) * kTokensPerBlock + threadIdx.x / kThreadsPerToken;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * kTokensPerBlock;
   for (int64_t request = blockIdx.y; request < args.requests; request += gridDim.y) {
     const int64_t seq_len = args.seq_len(request);
     const int64_t count = args.rows_to_gather(request);
-    for (int64_t i = static_cast<int64_t>(blockIdx.x) * kTokensPerBlock + threadIdx.x / kThreadsPerToken; i < count;
-         i += static_cast<int64_t>(gridDim.x) * kTokensPerBlock) {
-      const int64_t logical = seq_len - count + i;
-      const int64_t block = args.block_of(request, logical);
-      uint16_t* out = args.out + request * args.out_request_stride + (args.offset + i) * args.out_row_stride;
-      if (block < 0) {
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          *reinterpret_cast<uint4*>(out + h * kHalfDims + lane * kPieceDims) = make_uint4(0, 0, 0, 0);
-        }
-        continue;
-      }
-      const ds_mla::RecordAddress address =
-          ds_mla::record_address(block * args.block_size + logical % args.block_size, args.block_size,
-                                 args.block_stride);
-      const uint8_t* data = args.cache + address.data;
-      const uint8_t* scales = args.cache + address.scale;
-      // Lane l: dims [8l, 8l+8) and [256+8l, 256+8l+8); lanes 24..31 of the second piece copy the bf16
-      // RoPE tail. Every load and store of the group covers one contiguous span.
-      const uint2 low_codes = *reinterpret_cast<const uint2*>(data + lane * kPieceDims);
-      const uint8_t low_scale = scales[lane * kPieceDims / ds_mla::kQuantBlock];
-      uint4 high;
-      if (lane < kFirstRopeLane) {
-        const uint2 high_codes = *reinterpret_cast<const uint2*>(data + kHalfDims + lane * kPieceDims);
-        const uint8_t high_scale = scales[(kHalfDims + lane * kPieceDims) / ds_mla::kQuantBlock];
-        high = decode_fp8x8<F>(high_codes, ue8m0_decode(high_scale));
-      } else {
-        high = *reinterpret_cast<const uint4*>(data + ds_mla::kNopeDim + (lane - kFirstRopeLane) * 2 * kPieceDims);
-      }
-      *reinterpret_cast<uint4*>(out + lane * kPieceDims) = decode_fp8x8<F>(low_codes, ue8m0_decode(low_scale));
-      *reinterpret_cast<uint4*>(out + kHalfDims + lane * kPieceDims) = high;
+    if (first >= count) continue;
+    uint16_t* rows = args.out + request * args.out_request_stride + args.offset * args.out_row_stride;
+    // Software pipeline: the next row's table entry and record are in flight while this one is stored.
+    RowLoad next = begin_row(args, request, seq_len - count + first, lane);
+    for (int64_t i = first; i < count; i += stride) {
+      const RowLoad current = next;
+      if (i + stride < count) next = begin_row(args, request, seq_len - count + i + stride, lane);
+      finish_row<F>(current, rows + i * args.out_row_stride, lane);
     }
   }
 }
@@ -78,9 +103,11 @@ LaunchStatus launch_dequantize_and_gather_k_cache(const KvGatherArgs& args, void
   }
   const int64_t rows = args.out_rows - args.offset;
   if (args.requests == 0 || rows == 0) return LaunchStatus::kOk;
-  int64_t token_blocks = (rows + kTokensPerBlock - 1) / kTokensPerBlock;
-  token_blocks = token_blocks < kMaxGridTokenBlocks ? token_blocks : kMaxGridTokenBlocks;
   const int64_t request_blocks = args.requests < kMaxGridRequests ? args.requests : kMaxGridRequests;
+  int64_t token_blocks = (rows + kTokensPerBlock - 1) / kTokensPerBlock;
+  int64_t token_block_cap = kTargetBlocks / request_blocks;
+  token_block_cap = token_block_cap > kMinTokenBlocks ? token_block_cap : kMinTokenBlocks;
+  token_blocks = token_blocks < token_block_cap ? token_blocks : token_block_cap;
   const dim3 grid(static_cast<unsigned>(token_blocks), static_cast<unsigned>(request_blocks));
   auto hip_stream = static_cast<hipStream_t>(stream);
   with_fp8_format(args.format, [&](auto format_tag) {

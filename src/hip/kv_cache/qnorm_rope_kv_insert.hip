@@ -9,7 +9,8 @@
 // block. A group is a warp on NVIDIA and half a wavefront on CDNA; its shuffles never leave it.
 //
 // A job issues its row load together with its position load, never behind it: the row is read whatever
-// the position (it is in bounds) and whether to use it is decided once both are in flight.
+// the position (it is in bounds) and whether to use it is decided once both are in flight. Each group
+// loops over jobs and issues the next job's loads before it computes and stores the current one.
 #include "dsv4/launch.h"
 #include "dsv4/rope.h"
 #include "kv_cache_launchers.h"
@@ -23,6 +24,9 @@ constexpr int kHalfDims = ds_mla::kHeadDim / 2;                                 
 constexpr int kFirstRopeLane = (ds_mla::kNopeDim - kHalfDims) / kPieceDims;     // 24
 constexpr int kLanesPerQuantBlock = ds_mla::kQuantBlock / kPieceDims;           // 8
 constexpr int kGroupsPerBlock = kElementwiseThreads / kGroupLanes;
+// Enough blocks to fill any current GPU several times over; beyond that, groups loop over jobs, which
+// lets them keep the next job's loads in flight.
+constexpr int64_t kMaxBlocks = 2048;
 
 // A lane's 16 values of one row: piece h holds dims h*256 + 8*lane + j.
 struct Share {
@@ -134,39 +138,49 @@ DSV4_DEVICE void round_share_to_bf16(Share& s) {
   }
 }
 
+// amax of a 64-dim quantization block: 8 values in each of its 8 lanes.
+DSV4_DEVICE float quant_block_amax(const float* values) {
+  float amax = 0.0f;  // fmaxf ignores NaN
+#pragma unroll
+  for (int j = 0; j < kPieceDims; ++j) amax = fmaxf(amax, fabsf(values[j]));
+#pragma unroll
+  for (int mask = 1; mask < kLanesPerQuantBlock; mask <<= 1) {
+    amax = fmaxf(amax, shuffle_xor(amax, mask, kLanesPerQuantBlock));
+  }
+  return amax;
+}
+
+// 8 NoPE values of one quantization block into their record bytes (and the block's scale byte, once).
+template <Fp8Format F>
+DSV4_DEVICE void store_nope_piece(uint8_t* data, uint8_t* scales, int first_dim, int lane, const float* values,
+                                  float amax, float quant_max) {
+  const uint8_t scale_byte = ue8m0_encode_rceil(amax, quant_max, ds_mla::kAmaxFloor);
+  const float inverse_scale = ds_mla::ue8m0_inverse_scale(scale_byte);
+  uint32_t words[2] = {0, 0};
+#pragma unroll
+  for (int j = 0; j < kPieceDims; ++j) {
+    words[j / 4] |= static_cast<uint32_t>(ds_mla::quantize_nope_value<F>(values[j], inverse_scale, quant_max))
+                    << (8 * (j % 4));
+  }
+  *reinterpret_cast<uint2*>(data + first_dim) = make_uint2(words[0], words[1]);
+  if (lane % kLanesPerQuantBlock == 0) scales[first_dim / ds_mla::kQuantBlock] = scale_byte;
+}
+
 // The lane's share of a rotated, bf16-representable KV row into the fp8_ds_mla record at `slot`.
 template <Fp8Format F>
 DSV4_DEVICE void store_ds_mla_share(const DsMlaCache& cache, int64_t slot, int lane, const Share& s, float quant_max) {
   const ds_mla::RecordAddress address = ds_mla::record_address(slot, cache.block_size, cache.block_stride);
   uint8_t* data = cache.bytes + address.data;
   uint8_t* scales = cache.bytes + address.scale;
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    float amax = 0.0f;  // fmaxf ignores NaN
-#pragma unroll
-    for (int j = 0; j < kPieceDims; ++j) amax = fmaxf(amax, fabsf(s.v[h][j]));
-#pragma unroll
-    for (int mask = 1; mask < kLanesPerQuantBlock; mask <<= 1) {
-      amax = fmaxf(amax, shuffle_xor(amax, mask, kLanesPerQuantBlock));
-    }
-    if (h == 1 && lane >= kFirstRopeLane) {  // the bf16 RoPE tail, and the record's pad byte
-      *reinterpret_cast<uint4*>(data + ds_mla::kNopeDim + (lane - kFirstRopeLane) * 2 * kPieceDims) =
-          pack_bf16x8(s.v[1]);
-      if (lane == kFirstRopeLane) scales[ds_mla::kNumQuantBlocks] = 0;
-      continue;
-    }
-    const uint8_t scale_byte = ue8m0_encode_rceil(amax, quant_max, ds_mla::kAmaxFloor);
-    const float inverse_scale = ds_mla::ue8m0_inverse_scale(scale_byte);
-    uint32_t words[2] = {0, 0};
-#pragma unroll
-    for (int j = 0; j < kPieceDims; ++j) {
-      words[j / 4] |= static_cast<uint32_t>(ds_mla::quantize_nope_value<F>(s.v[h][j], inverse_scale, quant_max))
-                      << (8 * (j % 4));
-    }
-    *reinterpret_cast<uint2*>(data + h * kHalfDims + lane * kPieceDims) = make_uint2(words[0], words[1]);
-    if (lane % kLanesPerQuantBlock == 0) {
-      scales[(h * kHalfDims + lane * kPieceDims) / ds_mla::kQuantBlock] = scale_byte;
-    }
+  const float low_amax = quant_block_amax(s.v[0]);
+  const float high_amax = quant_block_amax(s.v[1]);  // lanes 24..31: the RoPE dims, not used
+  store_nope_piece<F>(data, scales, lane * kPieceDims, lane, s.v[0], low_amax, quant_max);
+  if (lane < kFirstRopeLane) {
+    store_nope_piece<F>(data, scales, kHalfDims + lane * kPieceDims, lane, s.v[1], high_amax, quant_max);
+  } else {  // the bf16 RoPE tail, and the record's pad byte
+    *reinterpret_cast<uint4*>(data + ds_mla::kNopeDim + (lane - kFirstRopeLane) * 2 * kPieceDims) =
+        pack_bf16x8(s.v[1]);
+    if (lane == kFirstRopeLane) scales[ds_mla::kNumQuantBlocks] = 0;
   }
 }
 
@@ -267,9 +281,14 @@ __global__ void __launch_bounds__(kElementwiseThreads) qnorm_rope_kv_insert_kern
   const int lane = threadIdx.x % kGroupLanes;
   const int64_t groups = args.tokens * (args.padded_heads + 1);
   const int64_t group_count = static_cast<int64_t>(gridDim.x) * kGroupsPerBlock;
-  for (int64_t group = static_cast<int64_t>(blockIdx.x) * kGroupsPerBlock + threadIdx.x / kGroupLanes; group < groups;
-       group += group_count) {
-    finish_job<F, S>(args, begin_job(args, group, lane), lane);
+  const int64_t first = static_cast<int64_t>(blockIdx.x) * kGroupsPerBlock + threadIdx.x / kGroupLanes;
+  if (first >= groups) return;
+  // Software pipeline: the next job's loads are in flight while this one computes and stores.
+  Job next = begin_job(args, first, lane);
+  for (int64_t group = first; group < groups; group += group_count) {
+    const Job current = next;
+    if (group + group_count < groups) next = begin_job(args, group + group_count, lane);
+    finish_job<F, S>(args, current, lane);
   }
 }
 
@@ -286,7 +305,7 @@ LaunchStatus launch_qnorm_rope_kv_insert(const QnormRopeKvInsertArgs& args, void
   const int64_t groups = args.tokens * (args.padded_heads + 1);
   if (groups == 0) return LaunchStatus::kOk;
   int64_t blocks = (groups + kGroupsPerBlock - 1) / kGroupsPerBlock;
-  blocks = blocks < kMaxElementwiseBlocks ? blocks : kMaxElementwiseBlocks;
+  blocks = blocks < kMaxBlocks ? blocks : kMaxBlocks;
   auto hip_stream = static_cast<hipStream_t>(stream);
   with_fp8_format(args.format, [&](auto format_tag) {
     constexpr Fp8Format kFormat = decltype(format_tag)::value;
