@@ -155,13 +155,13 @@ void dequantize_and_gather_k_cache(const KvGatherArgs& args, int64_t begin, int6
       const int64_t count = args.rows_to_gather(request);
       for (int64_t i = 0; i < count; ++i) {
         const int64_t logical = seq_len - count + i;
-        const int64_t block = args.block_of(request, logical);
+        const KvGatherArgs::Location location = args.locate(request, logical);
         uint16_t* out = args.out + request * args.out_request_stride + (args.offset + i) * args.out_row_stride;
-        if (block < 0) {
+        if (location.block < 0) {
           std::memset(out, 0, 2 * ds_mla::kHeadDim);
           continue;
         }
-        read_record<kFormat>(args, block * args.block_size + logical % args.block_size, out);
+        read_record<kFormat>(args, location.block * args.block_size + location.position, out);
       }
     }
   });

@@ -44,10 +44,11 @@ struct RowLoad {
 
 DSV4_DEVICE RowLoad begin_row(const KvGatherArgs& args, int64_t request, int64_t logical, int lane) {
   RowLoad load;
-  load.block = args.block_of(request, logical);
+  const KvGatherArgs::Location location = args.locate(request, logical);
+  load.block = location.block;
   if (load.block < 0) return load;
-  const ds_mla::RecordAddress address = ds_mla::record_address(
-      load.block * args.block_size + logical % args.block_size, args.block_size, args.block_stride);
+  const ds_mla::RecordAddress address =
+      ds_mla::record_address_in_block(location.block, location.position, args.block_size, args.block_stride);
   const uint8_t* data = args.cache + address.data;
   const uint8_t* scales = args.cache + address.scale;
   // Lane l: dims [8l, 8l+8) and [256+8l, 256+8l+8); lanes 24..31 of the second half hold the bf16

@@ -60,12 +60,17 @@ struct KvGatherArgs {
     return count < out_rows - offset ? count : out_rows - offset;
   }
 
-  // The physical block holding logical position `logical` of request r, or -1 when the table has no
-  // such column or names a block outside the cache.
-  DSV4_HD int64_t block_of(int64_t request, int64_t logical) const {
-    const int64_t column = logical / block_size;
+  // Where logical position `logical` of request r lives: its physical block (-1 when the table has no
+  // such column or names a block outside the cache) and its position within that block.
+  struct Location {
+    int64_t block;
+    int64_t position;
+  };
+  DSV4_HD Location locate(int64_t request, int64_t logical) const {
+    const IndexSplit split = divide_index(logical, block_size);
+    const int64_t column = split.quotient;
     const int64_t block = column < table_cols ? block_table[request * table_row_stride + column] : int64_t{-1};
-    return block >= 0 && block < num_blocks ? block : -1;
+    return {block >= 0 && block < num_blocks ? block : -1, split.remainder};
   }
 };
 
@@ -86,7 +91,8 @@ struct PlainKvCache {
 
   DSV4_HD int64_t capacity() const { return num_blocks * block_size; }
   DSV4_HD uint8_t* row(int64_t slot) const {
-    return bytes + (slot / block_size) * block_stride + (slot % block_size) * row_stride;
+    const IndexSplit split = divide_index(slot, block_size);
+    return bytes + split.quotient * block_stride + split.remainder * row_stride;
   }
 };
 

@@ -197,9 +197,9 @@ struct Job {
 // them is decided after the loads are in flight.
 DSV4_DEVICE Job begin_job(const QnormRopeKvInsertArgs& args, int64_t group, int lane) {
   Job job;
-  const int64_t slots_per_token = args.padded_heads + 1;
-  job.token = group / slots_per_token;
-  job.head = group - job.token * slots_per_token;
+  const IndexSplit split = divide_index(group, args.padded_heads + 1);
+  job.token = split.quotient;
+  job.head = split.remainder;
   job.position = args.position_ids[job.token];
   job.slot = -1;
   if (job.head < args.heads) {

@@ -31,11 +31,17 @@ struct RecordAddress {
   int64_t scale;  // byte offset of the 8-byte scale record
 };
 
-DSV4_HD RecordAddress record_address(int64_t slot, int64_t block_size, int64_t block_stride) {
-  const int64_t block = slot / block_size;
-  const int64_t position = slot - block * block_size;
+// The record of the token at `position` within cache block `block`.
+DSV4_HD RecordAddress record_address_in_block(int64_t block, int64_t position, int64_t block_size,
+                                              int64_t block_stride) {
   const int64_t base = block * block_stride;
   return {base + position * kDataBytes, base + block_size * kDataBytes + position * kScaleBytes};
+}
+
+// The record of global slot `slot` (>= 0).
+DSV4_HD RecordAddress record_address(int64_t slot, int64_t block_size, int64_t block_stride) {
+  const IndexSplit split = divide_index(slot, block_size);
+  return record_address_in_block(split.quotient, split.remainder, block_size, block_stride);
 }
 
 // The exact inverse of a block scale, 2^(127-u); 0 for the NaN byte 255 (an Inf amax), so that finite

@@ -54,6 +54,21 @@ enum class LaunchStatus : int {
   kLaunchFailed = 2,     // the runtime refused the launch
 };
 
+// a / b and a % b for a >= 0 and b > 0, in 32-bit arithmetic when both fit: a 64-bit division costs a
+// GPU several times more instructions, enough to bound the cache kernels.
+struct IndexSplit {
+  int64_t quotient;
+  int64_t remainder;
+};
+
+DSV4_HD IndexSplit divide_index(int64_t a, int64_t b) {
+  if (((a | b) >> 31) == 0) {
+    const uint32_t quotient = static_cast<uint32_t>(a) / static_cast<uint32_t>(b);
+    return {quotient, static_cast<int64_t>(static_cast<uint32_t>(a) - quotient * static_cast<uint32_t>(b))};
+  }
+  return {a / b, a % b};
+}
+
 DSV4_HD bool is_aligned(const void* pointer, uintptr_t bytes) {
   return reinterpret_cast<uintptr_t>(pointer) % bytes == 0;
 }
