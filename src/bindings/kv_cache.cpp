@@ -1,6 +1,7 @@
 // Bindings of the fp8_ds_mla cache utilities (schemas in schemas.cpp).
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <optional>
 
 #include "common.h"
@@ -19,7 +20,8 @@ DsMlaCache checked_cache(const Tensor& cache, int64_t block_size, const char* op
   check_dtype(cache, op, arg, {ScalarType::Byte});
   STD_TORCH_CHECK(cache.dim() >= 2, op, ": ", arg, " must have at least 2 dims [num_blocks, ...], got shape ",
                   shape_string(cache));
-  STD_TORCH_CHECK(block_size > 0, op, ": block_size must be positive, got ", block_size);
+  STD_TORCH_CHECK(block_size > 0 && block_size <= std::numeric_limits<int32_t>::max(), op,
+                  ": block_size must be in [1, 2^31 - 1], got ", block_size);
   int64_t block_bytes = 1;
   for (int64_t d = cache.dim() - 1; d >= 1; --d) {
     STD_TORCH_CHECK(cache.size(d) == 1 || cache.stride(d) == block_bytes, op, ": ", arg,

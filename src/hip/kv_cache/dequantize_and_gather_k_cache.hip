@@ -42,13 +42,12 @@ struct RowLoad {
   uint8_t high_scale;
 };
 
-DSV4_DEVICE RowLoad begin_row(const KvGatherArgs& args, int64_t request, int64_t logical, int lane) {
+DSV4_DEVICE RowLoad begin_row(const KvGatherArgs& args, int64_t block, int64_t position, int lane) {
   RowLoad load;
-  const KvGatherArgs::Location location = args.locate(request, logical);
-  load.block = location.block;
-  if (load.block < 0) return load;
+  load.block = block;
+  if (block < 0) return load;
   const ds_mla::RecordAddress address =
-      ds_mla::record_address_in_block(location.block, location.position, args.block_size, args.block_stride);
+      ds_mla::record_address_in_block(block, position, args.block_size, args.block_stride);
   const uint8_t* data = args.cache + address.data;
   const uint8_t* scales = args.cache + address.scale;
   // Lane l: dims [8l, 8l+8) and [256+8l, 256+8l+8); lanes 24..31 of the second half hold the bf16
@@ -86,12 +85,27 @@ __global__ void __launch_bounds__(kElementwiseThreads) dequantize_and_gather_ker
     const int64_t count = args.rows_to_gather(request);
     if (first >= count) continue;
     uint16_t* rows = args.out + request * args.out_request_stride + args.offset * args.out_row_stride;
-    // Software pipeline: the next row's table entry and record are in flight while this one is stored.
-    RowLoad next = begin_row(args, request, seq_len - count + first, lane);
-    for (int64_t i = first; i < count; i += stride) {
-      const RowLoad current = next;
-      if (i + stride < count) next = begin_row(args, request, seq_len - count + i + stride, lane);
-      finish_row<F>(current, rows + i * args.out_row_stride, lane);
+    // The group's rows are first, first + stride, ... For each chunk of 32 of them, lane j looks up
+    // row j's table entry, so one round of table loads serves 32 rows; within the chunk, the next row's
+    // record loads are in flight while this one is decoded and stored.
+    const int64_t group_rows = (count - first + stride - 1) / stride;
+    for (int64_t chunk = 0; chunk < group_rows; chunk += kThreadsPerToken) {
+      KvGatherArgs::Location mine{-1, 0};  // block ids and positions fit 32 bits (int32 table, block_size)
+      if (chunk + lane < group_rows) mine = args.locate(request, seq_len - count + first + (chunk + lane) * stride);
+      const int32_t my_block = static_cast<int32_t>(mine.block);
+      const int32_t my_position = static_cast<int32_t>(mine.position);
+      const int chunk_rows = group_rows - chunk < kThreadsPerToken ? static_cast<int>(group_rows - chunk)
+                                                                   : kThreadsPerToken;
+      RowLoad next = begin_row(args, shuffle_from(my_block, 0, kThreadsPerToken),
+                               shuffle_from(my_position, 0, kThreadsPerToken), lane);
+      for (int r = 0; r < chunk_rows; ++r) {
+        const RowLoad current = next;
+        if (r + 1 < chunk_rows) {
+          next = begin_row(args, shuffle_from(my_block, r + 1, kThreadsPerToken),
+                           shuffle_from(my_position, r + 1, kThreadsPerToken), lane);
+        }
+        finish_row<F>(current, rows + (first + (chunk + r) * stride) * args.out_row_stride, lane);
+      }
     }
   }
 }

@@ -95,7 +95,8 @@ DSV4_DEVICE float shuffle_xor(float value, int lane_mask, int width) {
 }
 
 // The value of `lane` (relative to the group of `width` lanes) in every lane of the group.
-DSV4_DEVICE float shuffle_from(float value, int lane, int width) {
+template <typename T>
+DSV4_DEVICE T shuffle_from(T value, int lane, int width) {
 #if defined(__HIP_PLATFORM_AMD__) || defined(__HIPCC__)
   return __shfl(value, lane, width);
 #else
