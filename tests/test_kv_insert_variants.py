@@ -14,7 +14,7 @@ from dsv4ops import Fp8Format
 from dsv4ops.reference import kv_cache as reference
 
 from conftest import DEVICES, FORMATS, assert_bits_equal, assert_bytes_equal, capture_graph
-from test_qnorm_rope_kv_insert import EPS, cos_sin_cache, inputs
+from test_qnorm_rope_kv_insert import EPS, cos_sin_cache, decode_cache, inputs
 
 CANARY = 0x5A
 
@@ -210,8 +210,6 @@ def test_kv_norm_op_random_rows(device, fmt):
     reference.kv_norm_rope_quant_insert(kv, weight, expected, slots, positions, cos_sin_cache(), EPS, bs, fmt)
     got = cache.cpu()
     assert float((got != expected).float().mean()) < 1e-3
-    from test_qnorm_rope_kv_insert import decode_cache
-
     a, b = decode_cache(got, n, bs, fmt).float(), decode_cache(expected, n, bs, fmt).float()
     scale_bytes = expected.view(-1, 584 * bs)[:, 576 * bs :].reshape(-1, 8)[:n, :7].float()
     step = (32.0 if fmt is Fp8Format.OCP else 16.0) * torch.pow(2.0, scale_bytes - 127)
