@@ -5,8 +5,9 @@
 Bytes counted: for the fused family, Q read and written (bf16 or FP8 out), the KV row, positions, slots,
 the stored KV (record 584 B, bf16 row 1024 B or FP8 row 512 B) and the cos/sin row; for the plain insert, K rows read (1024
 B/token) + slots, records written (584 B/token); for the gather, records read (584 B/token) + bf16
-rows written (1024 B/token). Peers in the same run:
-the PyTorch reference eager and under torch.compile (prefill sizes only: compiling it is slow).
+rows written (1024 B/token). Peers in the same run: a device copy of the same number of bytes (the
+ceiling at that size, timed like our kernels), the PyTorch reference eager and under torch.compile
+(prefill sizes only: compiling it is slow).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import dsv4ops
 from dsv4ops import Fp8Format
 from dsv4ops.reference import kv_cache as reference
 
-from harness import bench_main, input_sets, make_rows, time_ours, time_peer, time_per_call
+from harness import bench_main, input_sets, make_rows, time_matched_copy, time_ours, time_peer, time_per_call
 
 BLOCK_SIZE = 64
 INSERT_TOKENS = [("decode N=1", 1), ("decode N=8", 8), ("decode N=64", 64), ("prefill N=2048", 2048),
@@ -49,6 +50,7 @@ def bench_insert(device, ceiling, compile_peers):
         ours(k, cache, slots)
         assert torch.equal(cache, expected), "dsv4ops disagrees with the reference"
         times = time_ours(ours, sets, device)
+        times.update(time_matched_copy(nbytes, device))
         times["reference eager"] = time_per_call(
             lambda k, c, s: reference.quantize_and_insert_k_cache(k, c, s, BLOCK_SIZE, fmt, qmax), sets, device)
         if ref_compiled is not None and n >= 2048:
@@ -155,6 +157,7 @@ def bench_fused_insert(device, ceiling, compile_peers):
             nbytes = n * bytes_per_token(h)
             sets = input_sets(lambda: make_set(n, h), nbytes, device)
             times = time_ours(ours, sets, device)
+            times.update(time_matched_copy(nbytes, device))
             times["reference eager"] = time_per_call(ref, sets, device)
             if ref_compiled is not None and n >= 2048:
                 time_peer(times, "reference compiled", ref_compiled, sets, device, f"{op} {case}")
@@ -187,6 +190,7 @@ def bench_gather(device, ceiling, compile_peers):
         ours(out, cache, lens, table)
         torch.testing.assert_close(out, expected, atol=0, rtol=0, equal_nan=True)  # NaN payloads may differ
         times = time_ours(ours, sets, device)
+        times.update(time_matched_copy(nbytes, device))
         times["reference eager"] = time_per_call(
             lambda o, c, l, t: reference.dequantize_and_gather_k_cache(o, c, l, None, t, BLOCK_SIZE, 0, fmt),  # noqa: E741
             sets, device)

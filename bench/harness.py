@@ -111,6 +111,19 @@ def time_ours(fn: Callable, arg_sets: Sequence[tuple], device: torch.device) -> 
     return {OURS: time_graph_replay(fn, arg_sets, device, back_to_back), f"{OURS} back-to-back": back_to_back}
 
 
+def time_matched_copy(nbytes: int, device: torch.device) -> Dict[str, float]:
+    """A device copy moving the same bytes (nbytes/2 read + nbytes/2 written), timed like our kernels: the
+    ceiling at this size, where launch and latency weigh more than at the 1 GiB of the headline ceiling."""
+    half = max(nbytes // 2, 1)
+    sets = input_sets(lambda: (torch.empty(half, dtype=torch.uint8, device=device),
+                               torch.empty(half, dtype=torch.uint8, device=device)), nbytes, device)
+    copy = lambda src, dst: dst.copy_(src)  # noqa: E731
+    back_to_back = time_per_call(copy, sets, device)
+    seconds = time_graph_replay(copy, sets, device, back_to_back) if device.type == "cuda" else back_to_back
+    return {COPY_PEER: seconds}
+
+
+COPY_PEER = "device copy of the same bytes"
 FAILED_PEERS: Dict[str, str] = {}
 
 

@@ -18,16 +18,24 @@ constexpr int64_t kMaxGridRequests = 65535;
 constexpr int64_t kTargetBlocks = 2048;
 constexpr int64_t kMinTokenBlocks = 8;
 
+// 8 NoPE bytes to bf16 through the block's table of the 256 decoded values (a shared-memory load and a
+// multiply instead of a bit-field decode per value). The block scale is a power of two, so the product is
+// the value dequantize_nope_value gives, except that FNUZ 0x80 must read +0 even beside a NaN scale.
 template <Fp8Format F>
-DSV4_DEVICE uint4 decode_fp8x8(uint2 codes, float block_scale) {
+DSV4_DEVICE uint4 decode_fp8x8(uint2 codes, float block_scale, const float* decoded) {
   const uint32_t words[2] = {codes.x, codes.y};
   uint32_t pairs[4];
 #pragma unroll
   for (int j = 0; j < 4; ++j) {
-    const uint8_t lo = static_cast<uint8_t>(words[j / 2] >> (16 * (j % 2)));
-    const uint8_t hi = static_cast<uint8_t>(words[j / 2] >> (16 * (j % 2) + 8));
-    pairs[j] = float_to_bf16_bits(ds_mla::dequantize_nope_value<F>(lo, block_scale)) |
-               (static_cast<uint32_t>(float_to_bf16_bits(ds_mla::dequantize_nope_value<F>(hi, block_scale))) << 16);
+    uint16_t halves[2];
+#pragma unroll
+    for (int k = 0; k < 2; ++k) {
+      const uint32_t code = (words[j / 2] >> (16 * (j % 2) + 8 * k)) & 0xffu;
+      float value = decoded[code] * block_scale;
+      if constexpr (F == Fp8Format::kFNUZ) value = code == 0x80u ? 0.0f : value;
+      halves[k] = float_to_bf16_bits(value);
+    }
+    pairs[j] = halves[0] | (static_cast<uint32_t>(halves[1]) << 16);
   }
   return make_uint4(pairs[0], pairs[1], pairs[2], pairs[3]);
 }
@@ -64,12 +72,13 @@ DSV4_DEVICE RowLoad begin_row(const KvGatherArgs& args, int64_t block, int64_t p
 }
 
 template <Fp8Format F>
-DSV4_DEVICE void finish_row(const RowLoad& load, uint16_t* out, int lane) {
+DSV4_DEVICE void finish_row(const RowLoad& load, uint16_t* out, int lane, const float* decoded) {
   uint4 low = make_uint4(0, 0, 0, 0);
   uint4 high = make_uint4(0, 0, 0, 0);
   if (load.block >= 0) {
-    low = decode_fp8x8<F>(load.low_codes, ue8m0_decode(load.low_scale));
-    high = lane < kFirstRopeLane ? decode_fp8x8<F>(load.high_codes, ue8m0_decode(load.high_scale)) : load.rope;
+    low = decode_fp8x8<F>(load.low_codes, ue8m0_decode(load.low_scale), decoded);
+    high = lane < kFirstRopeLane ? decode_fp8x8<F>(load.high_codes, ue8m0_decode(load.high_scale), decoded)
+                                 : load.rope;
   }
   *reinterpret_cast<uint4*>(out + lane * kPieceDims) = low;
   *reinterpret_cast<uint4*>(out + kHalfDims + lane * kPieceDims) = high;
@@ -77,6 +86,9 @@ DSV4_DEVICE void finish_row(const RowLoad& load, uint16_t* out, int lane) {
 
 template <Fp8Format F>
 __global__ void __launch_bounds__(kElementwiseThreads) dequantize_and_gather_kernel(KvGatherArgs args) {
+  __shared__ float decoded[256];
+  for (int code = threadIdx.x; code < 256; code += blockDim.x) decoded[code] = fp8_decode<F>(static_cast<uint8_t>(code));
+  __syncthreads();
   const int lane = threadIdx.x % kThreadsPerToken;
   const int64_t first = static_cast<int64_t>(blockIdx.x) * kTokensPerBlock + threadIdx.x / kThreadsPerToken;
   const int64_t stride = static_cast<int64_t>(gridDim.x) * kTokensPerBlock;
@@ -104,7 +116,7 @@ __global__ void __launch_bounds__(kElementwiseThreads) dequantize_and_gather_ker
           next = begin_row(args, shuffle_from(my_block, r + 1, kThreadsPerToken),
                            shuffle_from(my_position, r + 1, kThreadsPerToken), lane);
         }
-        finish_row<F>(current, rows + (first + (chunk + r) * stride) * args.out_row_stride, lane);
+        finish_row<F>(current, rows + (first + (chunk + r) * stride) * args.out_row_stride, lane, decoded);
       }
     }
   }
