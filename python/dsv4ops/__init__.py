@@ -27,6 +27,7 @@ from .kv_cache import (
     qnorm_rope_kv_insert_full_cache_fp8,
     quantize_and_insert_k_cache,
 )
+from .mhc import hc_head, mhc_fused_post_pre, mhc_post, mhc_pre
 from .platform import Fp8Format, build_info, device_arch, fp8_dtype, fp8_format, quant_max
 
 __all__ = [
@@ -43,8 +44,12 @@ __all__ = [
     "fp8_dtype",
     "fp8_encode",
     "fp8_format",
+    "hc_head",
     "kv_norm_rope_quant_insert",
     "kv_rope_quant_insert",
+    "mhc_fused_post_pre",
+    "mhc_post",
+    "mhc_pre",
     "qnorm_rope_kv_insert",
     "qnorm_rope_kv_insert_full_cache_bf16",
     "qnorm_rope_kv_insert_full_cache_fp8",

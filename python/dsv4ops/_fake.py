@@ -81,3 +81,31 @@ def _qnorm_rope_kv_insert_full_cache_fp8(q, kv, q_fp8, k_cache, slot_mapping, po
                                          fp8_scale, q_fp8_scale_inv, eps, cache_block_size, apply_q_norm,
                                          fp8_format, quant_max):
     return None
+
+
+def _mhc_pre_outputs(residual):
+    t, streams, hidden = residual.shape
+    return (residual.new_empty((t, streams, 1), dtype=torch.float32),
+            residual.new_empty((t, streams, streams), dtype=torch.float32), residual.new_empty((t, hidden)))
+
+
+@torch.library.register_fake("dsv4::mhc_pre")
+def _mhc_pre(residual, fn, scale, base, rms_eps, pre_eps, sinkhorn_eps, post_mult, sinkhorn_iters, norm_weight,
+             norm_eps):
+    return _mhc_pre_outputs(residual)
+
+
+@torch.library.register_fake("dsv4::mhc_post")
+def _mhc_post(x, residual, post_mix, comb_mix):
+    return torch.empty_like(residual)
+
+
+@torch.library.register_fake("dsv4::mhc_fused_post_pre")
+def _mhc_fused_post_pre(x, residual, post_mix, comb_mix, fn, scale, base, rms_eps, pre_eps, sinkhorn_eps, post_mult,
+                        sinkhorn_iters, norm_weight, norm_eps):
+    return (torch.empty_like(residual),) + _mhc_pre_outputs(residual)
+
+
+@torch.library.register_fake("dsv4::hc_head")
+def _hc_head(residual, fn, base, scale, rms_eps, eps):
+    return residual.new_empty((residual.shape[0], residual.shape[2]))

@@ -49,4 +49,17 @@ STABLE_TORCH_LIBRARY(dsv4, m) {
   m.def(
       "dequantize_and_gather_k_cache(Tensor(a!) out, Tensor k_cache, Tensor seq_lens, Tensor? gather_lens, "
       "Tensor block_table, int block_size, int offset, int fp8_format) -> ()");
+
+  // mHC, hc_mult 4 (spec/mhc.md §2-§4).
+  m.def(
+      "mhc_pre(Tensor residual, Tensor fn, Tensor scale, Tensor base, float rms_eps, float pre_eps, "
+      "float sinkhorn_eps, float post_mult, int sinkhorn_iters, Tensor? norm_weight, float norm_eps) "
+      "-> (Tensor post_mix, Tensor comb_mix, Tensor layer_input)");
+  m.def("mhc_post(Tensor x, Tensor residual, Tensor post_mix, Tensor comb_mix) -> Tensor");
+  m.def(
+      "mhc_fused_post_pre(Tensor x, Tensor residual, Tensor post_mix, Tensor comb_mix, Tensor fn, Tensor scale, "
+      "Tensor base, float rms_eps, float pre_eps, float sinkhorn_eps, float post_mult, int sinkhorn_iters, "
+      "Tensor? norm_weight, float norm_eps) -> (Tensor residual_cur, Tensor post_mix_cur, Tensor comb_mix_cur, "
+      "Tensor layer_input_cur)");
+  m.def("hc_head(Tensor residual, Tensor fn, Tensor base, Tensor scale, float rms_eps, float eps) -> Tensor");
 }

@@ -11,3 +11,4 @@ from .fp8 import (  # noqa: F401
     ue8m0_encode_rceil,
     ue8m0_to_float,
 )
+from .mhc import hc_head, mhc_fused_post_pre, mhc_post, mhc_pre, sinkhorn  # noqa: F401

@@ -1,0 +1,195 @@
+// Bindings of the mHC ops (schemas in schemas.cpp; spec/mhc.md).
+#include <cmath>
+#include <limits>
+#include <optional>
+#include <tuple>
+
+#include "common.h"
+#include "cpu/mhc/mhc_cpu.h"
+
+namespace dsv4::bindings {
+namespace {
+
+constexpr int64_t kVectorBytes = 16;
+// The kernels take the flattened row in 256-wide chunks and hidden dims 8 at a time.
+constexpr int64_t kHiddenMultiple = 64;
+
+void check_aligned_contiguous(const Tensor& t, const char* op, const char* arg) {
+  check_contiguous(t, op, arg);
+  STD_TORCH_CHECK(is_aligned(t.data_ptr(), kVectorBytes), op, ": ", arg, " must start 16-byte aligned");
+}
+
+void check_same_device_all(const Tensor& on, std::initializer_list<const Tensor*> others, const char* op) {
+  for (const Tensor* t : others) check_same_device(on, "residual", *t, "every other tensor argument", op);
+}
+
+// residual bf16 [T, 4, hidden]; returns hidden.
+int64_t checked_residual(const Tensor& residual, const char* op) {
+  check_dtype(residual, op, "residual", {ScalarType::BFloat16});
+  STD_TORCH_CHECK(residual.dim() == 3 && residual.size(1) == mhc::kHcMult, op,
+                  ": residual must have shape [tokens, 4, hidden] (hc_mult 4), got ", shape_string(residual));
+  const int64_t hidden = residual.size(2);
+  STD_TORCH_CHECK(hidden > 0 && hidden % kHiddenMultiple == 0, op, ": hidden must be a positive multiple of ",
+                  kHiddenMultiple, ", got ", hidden);
+  STD_TORCH_CHECK(residual.size(0) <= std::numeric_limits<int32_t>::max(), op, ": at most 2^31 - 1 tokens, got ",
+                  residual.size(0));
+  check_aligned_contiguous(residual, op, "residual");
+  return hidden;
+}
+
+void check_vector(const Tensor& t, int64_t length, const char* op, const char* arg) {
+  check_dtype(t, op, arg, {ScalarType::Float});
+  STD_TORCH_CHECK(t.dim() == 1 && t.size(0) == length, op, ": ", arg, " must have shape [", length, "], got ",
+                  shape_string(t));
+  check_contiguous(t, op, arg);
+}
+
+void check_eps(double value, const char* op, const char* arg) {
+  STD_TORCH_CHECK(std::isfinite(value) && value >= 0, op, ": ", arg, " must be finite and >= 0, got ", value);
+}
+
+// Checks the pre/head parameters and fills everything but the outputs.
+MhcPreArgs checked_pre(const Tensor& residual, const Tensor& fn, const Tensor& scale, const Tensor& base, int mixes,
+                       int scales, double rms_eps, double pre_eps, double sinkhorn_eps, double post_mult,
+                       int64_t sinkhorn_iters, const std::optional<Tensor>& norm_weight, double norm_eps,
+                       const char* op) {
+  const int64_t hidden = checked_residual(residual, op);
+  check_dtype(fn, op, "fn", {ScalarType::Float});
+  STD_TORCH_CHECK(fn.dim() == 2 && fn.size(0) == mixes && fn.size(1) == mhc::kHcMult * hidden, op,
+                  ": fn must have shape [", mixes, ", ", mhc::kHcMult * hidden, "], got ", shape_string(fn));
+  check_aligned_contiguous(fn, op, "fn");
+  check_vector(scale, scales, op, "scale");
+  check_vector(base, mixes, op, "base");
+  check_eps(rms_eps, op, "rms_eps");
+  check_eps(pre_eps, op, "pre_eps");
+  check_eps(sinkhorn_eps, op, "sinkhorn_eps");
+  STD_TORCH_CHECK(std::isfinite(post_mult), op, ": post_mult must be finite, got ", post_mult);
+  STD_TORCH_CHECK(sinkhorn_iters >= 1 && sinkhorn_iters <= 1000, op, ": sinkhorn_iters must be in [1, 1000], got ",
+                  sinkhorn_iters);
+  check_same_device_all(residual, {&fn, &scale, &base}, op);
+  MhcPreArgs args{};
+  if (norm_weight.has_value()) {
+    check_dtype(*norm_weight, op, "norm_weight", {ScalarType::BFloat16});
+    STD_TORCH_CHECK(norm_weight->dim() == 1 && norm_weight->size(0) == hidden, op, ": norm_weight must have shape [",
+                    hidden, "], got ", shape_string(*norm_weight));
+    check_aligned_contiguous(*norm_weight, op, "norm_weight");
+    check_eps(norm_eps, op, "norm_eps");
+    check_same_device_all(residual, {&*norm_weight}, op);
+    args.norm_weight = static_cast<const uint16_t*>(norm_weight->data_ptr());
+  }
+  args.norm_eps = static_cast<float>(norm_eps);
+  args.residual = static_cast<const uint16_t*>(residual.data_ptr());
+  args.fn = static_cast<const float*>(fn.data_ptr());
+  args.scale = static_cast<const float*>(scale.data_ptr());
+  args.base = static_cast<const float*>(base.data_ptr());
+  args.tokens = residual.size(0);
+  args.hidden = hidden;
+  args.mixes = mixes;
+  args.config = mhc::PreConfig{static_cast<float>(rms_eps), static_cast<float>(pre_eps),
+                               static_cast<float>(sinkhorn_eps), static_cast<float>(post_mult),
+                               static_cast<int>(sinkhorn_iters)};
+  return args;
+}
+
+void run_pre(MhcPreArgs& args, const Tensor& residual, const char* op) {
+  std::optional<Tensor> workspace;  // keeps the GPU partial sums alive until the kernels are enqueued
+#if defined(DSV4OPS_WITH_GPU)
+  if (!residual.is_cpu() && args.tokens > 0) {
+    args.k_splits = gpu::mhc_pre_k_splits(args.tokens, args.hidden);
+    workspace = torch::stable::new_empty(residual, {int64_t{args.k_splits}, args.tokens, int64_t{args.mixes + 1}},
+                                         ScalarType::Float);
+    args.partials = static_cast<float*>(workspace->data_ptr());
+  }
+#endif
+  run_on_device(
+      residual, args.tokens, op, [&](int64_t b, int64_t e) { cpu::mhc_pre(args, b, e); },
+      [&]([[maybe_unused]] void* stream) { return DSV4_GPU_LAUNCH(gpu::launch_mhc_pre(args, stream)); },
+      /*cpu_grain=*/1);
+}
+
+std::tuple<Tensor, Tensor, Tensor> mhc_pre(const Tensor& residual, const Tensor& fn, const Tensor& scale,
+                                           const Tensor& base, double rms_eps, double pre_eps, double sinkhorn_eps,
+                                           double post_mult, int64_t sinkhorn_iters,
+                                           const std::optional<Tensor>& norm_weight, double norm_eps) {
+  constexpr const char* kOp = "dsv4.mhc_pre";
+  MhcPreArgs args = checked_pre(residual, fn, scale, base, mhc::kPreMixes, 3, rms_eps, pre_eps, sinkhorn_eps,
+                                post_mult, sinkhorn_iters, norm_weight, norm_eps, kOp);
+  const int64_t t = args.tokens;
+  Tensor post_mix = torch::stable::new_empty(residual, {t, int64_t{mhc::kHcMult}, 1}, ScalarType::Float);
+  Tensor comb_mix = torch::stable::new_empty(residual, {t, int64_t{mhc::kHcMult}, int64_t{mhc::kHcMult}},
+                                             ScalarType::Float);
+  Tensor layer_input = torch::stable::new_empty(residual, {t, args.hidden});
+  args.post_mix = static_cast<float*>(post_mix.data_ptr());
+  args.comb_mix = static_cast<float*>(comb_mix.data_ptr());
+  args.out = static_cast<uint16_t*>(layer_input.data_ptr());
+  run_pre(args, residual, kOp);
+  return {post_mix, comb_mix, layer_input};
+}
+
+Tensor hc_head(const Tensor& residual, const Tensor& fn, const Tensor& base, const Tensor& scale, double rms_eps,
+               double eps) {
+  constexpr const char* kOp = "dsv4.hc_head";
+  MhcPreArgs args = checked_pre(residual, fn, scale, base, mhc::kHeadMixes, 1, rms_eps, eps, 0.0, 1.0, 1,
+                                std::nullopt, 0.0, kOp);
+  Tensor out = torch::stable::new_empty(residual, {args.tokens, args.hidden});
+  args.out = static_cast<uint16_t*>(out.data_ptr());
+  run_pre(args, residual, kOp);
+  return out;
+}
+
+Tensor mhc_post(const Tensor& x, const Tensor& residual, const Tensor& post_mix, const Tensor& comb_mix) {
+  constexpr const char* kOp = "dsv4.mhc_post";
+  const int64_t hidden = checked_residual(residual, kOp);
+  const int64_t t = residual.size(0);
+  check_dtype(x, kOp, "x", {ScalarType::BFloat16});
+  STD_TORCH_CHECK(x.dim() == 2 && x.size(0) == t && x.size(1) == hidden, kOp, ": x must have shape [", t, ", ",
+                  hidden, "], got ", shape_string(x));
+  check_aligned_contiguous(x, kOp, "x");
+  check_dtype(post_mix, kOp, "post_mix", {ScalarType::Float});
+  const bool post_shape = (post_mix.dim() == 3 && post_mix.size(2) == 1) || post_mix.dim() == 2;
+  STD_TORCH_CHECK(post_shape && post_mix.size(0) == t && post_mix.size(1) == mhc::kHcMult, kOp,
+                  ": post_mix must have shape [", t, ", 4, 1] or [", t, ", 4], got ", shape_string(post_mix));
+  check_contiguous(post_mix, kOp, "post_mix");
+  check_dtype(comb_mix, kOp, "comb_mix", {ScalarType::Float});
+  STD_TORCH_CHECK(comb_mix.dim() == 3 && comb_mix.size(0) == t && comb_mix.size(1) == mhc::kHcMult &&
+                      comb_mix.size(2) == mhc::kHcMult,
+                  kOp, ": comb_mix must have shape [", t, ", 4, 4], got ", shape_string(comb_mix));
+  check_contiguous(comb_mix, kOp, "comb_mix");
+  check_same_device_all(residual, {&x, &post_mix, &comb_mix}, kOp);
+  Tensor out = torch::stable::new_empty(residual, {t, int64_t{mhc::kHcMult}, hidden});
+  MhcPostArgs args{static_cast<const uint16_t*>(x.data_ptr()), static_cast<const uint16_t*>(residual.data_ptr()),
+                   static_cast<const float*>(post_mix.data_ptr()), static_cast<const float*>(comb_mix.data_ptr()),
+                   static_cast<uint16_t*>(out.data_ptr()), t, hidden};
+  run_on_device(
+      residual, t, kOp, [&](int64_t b, int64_t e) { cpu::mhc_post(args, b, e); },
+      [&]([[maybe_unused]] void* stream) { return DSV4_GPU_LAUNCH(gpu::launch_mhc_post(args, stream)); },
+      /*cpu_grain=*/4);
+  return out;
+}
+
+// post, then the next sub-layer's pre on the bf16 new residual (exactly the unfused pair).
+std::tuple<Tensor, Tensor, Tensor, Tensor> mhc_fused_post_pre(
+    const Tensor& x, const Tensor& residual, const Tensor& post_mix, const Tensor& comb_mix, const Tensor& fn,
+    const Tensor& scale, const Tensor& base, double rms_eps, double pre_eps, double sinkhorn_eps, double post_mult,
+    int64_t sinkhorn_iters, const std::optional<Tensor>& norm_weight, double norm_eps) {
+  Tensor new_residual = mhc_post(x, residual, post_mix, comb_mix);
+  auto [post, comb, layer_input] = mhc_pre(new_residual, fn, scale, base, rms_eps, pre_eps, sinkhorn_eps, post_mult,
+                                           sinkhorn_iters, norm_weight, norm_eps);
+  return {new_residual, post, comb, layer_input};
+}
+
+void register_mhc_ops(torch::stable::detail::StableLibrary& m) {
+  m.impl("mhc_pre", TORCH_BOX(&mhc_pre));
+  m.impl("mhc_post", TORCH_BOX(&mhc_post));
+  m.impl("mhc_fused_post_pre", TORCH_BOX(&mhc_fused_post_pre));
+  m.impl("hc_head", TORCH_BOX(&hc_head));
+}
+
+}  // namespace
+}  // namespace dsv4::bindings
+
+STABLE_TORCH_LIBRARY_IMPL(dsv4, CPU, m) { dsv4::bindings::register_mhc_ops(m); }
+
+#if defined(DSV4OPS_WITH_GPU)
+STABLE_TORCH_LIBRARY_IMPL(dsv4, CUDA, m) { dsv4::bindings::register_mhc_ops(m); }
+#endif

@@ -1,0 +1,83 @@
+// mHC numerics shared by the CPU and GPU paths (spec/mhc.md §2-§4): the per-token epilogue that turns the
+// raw dot products of the flattened streams with fn into pre/post weights and the Sinkhorn-normalized
+// comb matrix. Torch-free, host and device.
+#pragma once
+
+#include <cmath>
+
+#include "dsv4/platform.h"
+
+namespace dsv4::mhc {
+
+inline constexpr int kHcMult = 4;
+inline constexpr int kPreMixes = (2 + kHcMult) * kHcMult;  // 24: 4 pre, 4 post, 16 comb
+inline constexpr int kHeadMixes = kHcMult;                  // 4
+
+// The hyper-parameters of one pre (or head) call.
+struct PreConfig {
+  float rms_eps;
+  float pre_eps;  // added to each pre weight (the head's eps)
+  float sinkhorn_eps;
+  float post_mult;
+  int sinkhorn_iters;
+};
+
+DSV4_HD float sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
+
+// 1 / RMS of the flattened row from its sum of squares over `count` values.
+DSV4_HD float rms_factor(float sum_of_squares, int64_t count, float eps) {
+  return 1.0f / sqrtf(sum_of_squares / static_cast<float>(count) + eps);
+}
+
+// Row-major 4x4 logits (row j, column k) -> comb: softmax over k plus eps, a column normalization, then
+// (iters - 1) pairs of row and column normalizations, each dividing by (sum + eps).
+DSV4_HD void sinkhorn(const float* logits, float eps, int iters, float* c) {
+  for (int j = 0; j < kHcMult; ++j) {
+    float row_max = logits[j * kHcMult];
+    for (int k = 1; k < kHcMult; ++k) row_max = fmaxf(row_max, logits[j * kHcMult + k]);
+    float e[kHcMult];
+    float sum = 0.0f;
+    for (int k = 0; k < kHcMult; ++k) {
+      e[k] = expf(logits[j * kHcMult + k] - row_max);
+      sum += e[k];
+    }
+    for (int k = 0; k < kHcMult; ++k) c[j * kHcMult + k] = e[k] / sum + eps;
+  }
+  for (int step = 0; step < 2 * iters - 1; ++step) {
+    const bool columns = step % 2 == 0;  // column first, then row/column pairs
+    for (int a = 0; a < kHcMult; ++a) {
+      float sum = 0.0f;
+      for (int b = 0; b < kHcMult; ++b) sum += columns ? c[b * kHcMult + a] : c[a * kHcMult + b];
+      const float divisor = sum + eps;
+      for (int b = 0; b < kHcMult; ++b) {
+        float& v = columns ? c[b * kHcMult + a] : c[a * kHcMult + b];
+        v = v / divisor;
+      }
+    }
+  }
+}
+
+// spec §2 steps 1-5 from dots[24] = x . fn^T and the sum of squares of x (count = 4 * hidden values):
+// pre[4], post[4] and comb[16].
+DSV4_HD void pre_epilogue(const float* dots, float sum_of_squares, int64_t count, const float* scale,
+                          const float* base, const PreConfig& config, float* pre, float* post, float* comb) {
+  const float r = rms_factor(sum_of_squares, count, config.rms_eps);
+  for (int i = 0; i < kHcMult; ++i) {
+    pre[i] = sigmoid(dots[i] * r * scale[0] + base[i]) + config.pre_eps;
+    post[i] = sigmoid(dots[kHcMult + i] * r * scale[1] + base[kHcMult + i]) * config.post_mult;
+  }
+  float logits[kHcMult * kHcMult];
+  for (int e = 0; e < kHcMult * kHcMult; ++e) {
+    logits[e] = dots[2 * kHcMult + e] * r * scale[2] + base[2 * kHcMult + e];
+  }
+  sinkhorn(logits, config.sinkhorn_eps, config.sinkhorn_iters, comb);
+}
+
+// spec §4 hc_head: pre[4] from dots[4] = x . hc_head_fn^T.
+DSV4_HD void head_epilogue(const float* dots, float sum_of_squares, int64_t count, const float* scale,
+                           const float* base, const PreConfig& config, float* pre) {
+  const float r = rms_factor(sum_of_squares, count, config.rms_eps);
+  for (int i = 0; i < kHcMult; ++i) pre[i] = sigmoid(dots[i] * r * scale[0] + base[i]) + config.pre_eps;
+}
+
+}  // namespace dsv4::mhc

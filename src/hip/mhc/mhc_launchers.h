@@ -1,0 +1,49 @@
+// Raw-pointer launchers of the mHC ops (GPU builds). Torch-free, free of GPU runtime headers; `stream` is
+// the hipStream_t / cudaStream_t. The bindings validate every argument first.
+#pragma once
+
+#include "dsv4/mhc.h"
+#include "dsv4/platform.h"
+
+namespace dsv4 {
+
+// mhc_pre (mixes = 24) and hc_head (mixes = 4): per token, the dot products of the flattened bf16 streams
+// with fn, the epilogue of dsv4/mhc.h, and layer_input = sum_i pre_i * residual_i (then, with
+// norm_weight, a weighted RMSNorm) rounded once to bf16.
+struct MhcPreArgs {
+  const uint16_t* residual;     // bf16 [tokens, 4, hidden], contiguous
+  const float* fn;              // fp32 [mixes, 4 * hidden], contiguous
+  const float* scale;           // fp32 [3] (pre) or [1] (head)
+  const float* base;            // fp32 [mixes]
+  const uint16_t* norm_weight;  // bf16 [hidden] or null
+  float norm_eps;
+  float* post_mix;    // fp32 [tokens, 4] (pre only)
+  float* comb_mix;    // fp32 [tokens, 4, 4] (pre only)
+  uint16_t* out;      // bf16 [tokens, hidden]
+  float* partials;    // fp32 [k_splits, tokens, mixes + 1] workspace (GPU only)
+  int k_splits;       // GPU only: how many slices of 4 * hidden the dot products are split into
+  int64_t tokens;
+  int64_t hidden;
+  int mixes;
+  mhc::PreConfig config;
+};
+
+// mhc_post: new[t, j] = post[t, j] * x[t] + sum_i comb[t, i, j] * residual[t, i] in fp32, rounded to bf16.
+struct MhcPostArgs {
+  const uint16_t* x;         // bf16 [tokens, hidden], contiguous
+  const uint16_t* residual;  // bf16 [tokens, 4, hidden], contiguous
+  const float* post_mix;     // fp32 [tokens, 4]
+  const float* comb_mix;     // fp32 [tokens, 4, 4]
+  uint16_t* out;             // bf16 [tokens, 4, hidden]
+  int64_t tokens;
+  int64_t hidden;
+};
+
+namespace gpu {
+// The k split the pre kernels use for `tokens` (the bindings size the workspace with it).
+int mhc_pre_k_splits(int64_t tokens, int64_t hidden);
+LaunchStatus launch_mhc_pre(const MhcPreArgs& args, void* stream);
+LaunchStatus launch_mhc_post(const MhcPostArgs& args, void* stream);
+}  // namespace gpu
+
+}  // namespace dsv4
