@@ -1,0 +1,391 @@
+"""mHC (spec/mhc.md): dsv4.mhc_pre / mhc_post / mhc_fused_post_pre / hc_head against the fp32 reference at
+DSv4-Flash (hidden 4096) and DSv4-Pro (7168) sizes, the arch-keyed backend table, and the usual op checks.
+
+Tolerances, derived: the kernels and the reference differ only in the order of their fp32 sums (dot
+products over 4 * hidden values, the sums of squares, the 4-term mixes). The dot products of random rows
+carry a relative error of about sqrt(4 * hidden) fp32 epsilons (< 1e-5), which reaches the sigmoid weights
+as an absolute difference far below 1e-5. A bf16 output is one rounding of a sum whose fp32 value differs
+by at most 1e-5 times the sum of its terms' magnitudes, so it lies within one bf16 ULP of the reference
+plus 1e-5 x sum |terms| (the second part only matters where the terms cancel). post_mix and comb_mix are
+fp32: within 1e-5 of the reference. Sinkhorn: with 20 iterations the last
+step normalizes columns, so column sums are 1 within 1e-5; row sums converge more slowly (1e-3 here)."""
+
+import logging
+
+import pytest
+import torch
+
+import dsv4ops
+from dsv4ops import mhc as mhc_module
+from dsv4ops.reference import mhc as reference
+
+from conftest import DEVICES, assert_bits_equal, capture_graph
+
+EPS = 1e-6
+
+
+def bf16_ulp_distance(a, b):
+    def monotone(x):
+        bits = x.contiguous().view(torch.int16).to(torch.int32)
+        return torch.where(bits < 0, -(bits & 0x7FFF), bits)
+
+    return (monotone(a) - monotone(b)).abs()
+
+
+def assert_bf16_close(got, want, magnitude, relative=1e-5):
+    """|got - want| <= one bf16 ULP of want + relative * magnitude (the sum of the |terms| of each value)."""
+    assert got.dtype == want.dtype == torch.bfloat16 and got.shape == want.shape
+    got, want = got.cpu().float(), want.cpu().float()
+    _, exponent = torch.frexp(want)
+    ulp = torch.ldexp(torch.ones_like(want), exponent - 8)  # bf16 has 8 significant bits
+    bound = ulp + relative * magnitude.cpu().float()
+    excess = (got - want).abs() - bound
+    assert float(excess.max()) <= 0, f"{int((excess > 0).sum())} values outside the bound; worst by {float(excess.max())}"
+
+
+def post_magnitude(x, residual, post_mix, comb_mix):
+    """|post_j * x| + sum_i |comb[i, j] * residual_i| for each output stream j."""
+    t = residual.shape[0]
+    post = post_mix.reshape(t, 4).abs().float()
+    mixed = torch.einsum("tij,tih->tjh", comb_mix.abs().float(), residual.float().abs())
+    return post[:, :, None] * x.float().abs()[:, None, :] + mixed
+
+
+def collapse_magnitude(residual):
+    """sum_i |residual_i| (the pre weights are below 1 + eps)."""
+    return residual.float().abs().sum(dim=1) * (1 + EPS)
+
+
+def params(hidden, mixes=24, seed=0, scales=3, strength=1.0):
+    """The upstream test's distribution (fn ~ N(0,1)*1e-4, scale and base ~ N(0,1)*0.1), `strength`
+    times stronger mixing."""
+    g = torch.Generator().manual_seed(seed)
+    fn = torch.randn(mixes, 4 * hidden, generator=g) * 1e-4 * strength
+    scale = torch.randn(scales, generator=g) * 0.1 * strength
+    base = torch.randn(mixes, generator=g) * 0.1
+    return fn, scale, base
+
+
+def streams(t, hidden, seed=1, identical=False):
+    g = torch.Generator().manual_seed(seed)
+    if identical:  # layer 0: the embedding repeated over the 4 streams
+        return torch.randn(t, 1, hidden, generator=g).to(torch.bfloat16).repeat(1, 4, 1)
+    return torch.randn(t, 4, hidden, generator=g).to(torch.bfloat16)
+
+
+def to(device, *tensors):
+    return tuple(None if t is None else t.to(device) for t in tensors)
+
+
+SIZES = [pytest.param(t, h, id=f"T{t}-H{h}") for h in (4096, 7168) for t in (1, 7, 128, 4096)]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("t,hidden", SIZES)
+@pytest.mark.parametrize("post_mult", [1.0, 2.0])
+def test_pre_matches_reference(device, t, hidden, post_mult):
+    residual = streams(t, hidden)
+    fn, scale, base = params(hidden)
+    post, comb, layer_input = torch.ops.dsv4.mhc_pre(*to(device, residual, fn, scale, base), EPS, EPS, EPS, post_mult,
+                                                    20, None, EPS)
+    want_post, want_comb, want_input = reference.mhc_pre(residual, fn, scale, base, post_mult=post_mult)
+    torch.testing.assert_close(post.cpu(), want_post, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(comb.cpu(), want_comb, rtol=0, atol=1e-5)
+    assert_bf16_close(layer_input, want_input, collapse_magnitude(residual))
+    comb = comb.cpu().double()
+    assert float((comb.sum(dim=-2) - 1).abs().max()) <= 1e-5
+    assert float((comb.sum(dim=-1) - 1).abs().max()) <= 1e-3
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("hidden", [4096, 7168])
+@pytest.mark.parametrize("t", [7, 128])
+def test_pre_with_fused_norm(device, hidden, t):
+    residual = streams(t, hidden, seed=2)
+    fn, scale, base = params(hidden, seed=3, strength=10.0)
+    weight = (torch.rand(hidden, generator=torch.Generator().manual_seed(4)) * 2).to(torch.bfloat16)
+    got = torch.ops.dsv4.mhc_pre(*to(device, residual, fn, scale, base), EPS, EPS, EPS, 2.0, 20,
+                                 weight.to(device), 1e-5)
+    want = reference.mhc_pre(residual, fn, scale, base, norm_weight=weight, norm_eps=1e-5)
+    torch.testing.assert_close(got[1].cpu(), want[1], rtol=0, atol=1e-5)
+    unnormed = reference.mhc_pre(residual, fn, scale, base)[2].float()
+    factor = torch.rsqrt((unnormed * unnormed).mean(-1, keepdim=True) + 1e-5)
+    assert_bf16_close(got[2], want[2], collapse_magnitude(residual) * factor * weight.float())
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_layer_zero_identical_streams(device):
+    """All 4 streams equal (layer 0): layer_input is (sum of the pre weights) times the stream."""
+    t, hidden = 9, 4096
+    residual = streams(t, hidden, seed=5, identical=True)
+    fn, scale, base = params(hidden, seed=6)
+    _, comb, layer_input = torch.ops.dsv4.mhc_pre(*to(device, residual, fn, scale, base), EPS, EPS, EPS, 2.0, 20,
+                                                  None, EPS)
+    want_post, want_comb, want_input = reference.mhc_pre(residual, fn, scale, base)
+    assert_bf16_close(layer_input, want_input, collapse_magnitude(residual))
+    x = residual.float()
+    mixes = (x.reshape(t, -1) @ fn.t()) * torch.rsqrt((x.reshape(t, -1) ** 2).mean(-1, keepdim=True) + EPS)
+    pre_sum = (torch.sigmoid(mixes[:, :4] * scale[0] + base[:4]) + EPS).sum(-1, keepdim=True)
+    assert_bf16_close(layer_input, (pre_sum * x[:, 0]).to(torch.bfloat16), collapse_magnitude(residual))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("t,hidden", [(1, 4096), (7, 7168), (128, 4096), (4096, 7168)])
+@pytest.mark.parametrize("post_shape", ["T41", "T4"])
+def test_post_matches_reference(device, t, hidden, post_shape):
+    residual = streams(t, hidden, seed=7)
+    x = torch.randn(t, hidden, generator=torch.Generator().manual_seed(8)).to(torch.bfloat16)
+    post, comb, _ = reference.mhc_pre(residual, *params(hidden, seed=9, strength=30.0))
+    post_mix = post if post_shape == "T41" else post[:, :, 0].contiguous()
+    got = torch.ops.dsv4.mhc_post(*to(device, x, residual, post_mix, comb))
+    assert got.shape == (t, 4, hidden) and got.dtype == torch.bfloat16
+    assert_bf16_close(got, reference.mhc_post(x, residual, post_mix, comb), post_magnitude(x, residual, post_mix, comb))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("t,hidden", [(1, 4096), (33, 7168)])
+def test_fused_post_pre_is_post_then_pre(device, t, hidden):
+    residual = streams(t, hidden, seed=10)
+    x = torch.randn(t, hidden, generator=torch.Generator().manual_seed(11)).to(torch.bfloat16)
+    post, comb, _ = reference.mhc_pre(residual, *params(hidden, seed=12))
+    fn, scale, base = params(hidden, seed=13)
+    args = to(device, x, residual, post, comb, fn, scale, base)
+    fused = torch.ops.dsv4.mhc_fused_post_pre(*args, EPS, EPS, EPS, 2.0, 20, None, EPS)
+    new_residual = torch.ops.dsv4.mhc_post(*args[:4])
+    unfused = (new_residual,) + tuple(torch.ops.dsv4.mhc_pre(new_residual, *args[4:], EPS, EPS, EPS, 2.0, 20,
+                                                             None, EPS))
+    for got, want in zip(fused, unfused):
+        assert_bits_equal(got.cpu(), want.cpu())
+    want = reference.mhc_fused_post_pre(x, residual, post, comb, fn, scale, base)
+    assert_bf16_close(fused[0], want[0], post_magnitude(x, residual, post, comb))
+    torch.testing.assert_close(fused[2].cpu(), want[2], rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("t,hidden", [(1, 4096), (7, 7168), (128, 4096)])
+def test_hc_head_matches_reference(device, t, hidden):
+    residual = streams(t, hidden, seed=14)
+    fn, scale, base = params(hidden, mixes=4, scales=1, seed=15, strength=10.0)
+    got = torch.ops.dsv4.hc_head(*to(device, residual, fn, base, scale), EPS, EPS)
+    assert_bf16_close(got, reference.hc_head(residual, fn, base, scale), collapse_magnitude(residual))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_zero_tokens(device):
+    residual = torch.empty(0, 4, 4096, dtype=torch.bfloat16, device=device)
+    fn, scale, base = to(device, *params(4096))
+    post, comb, layer_input = torch.ops.dsv4.mhc_pre(residual, fn, scale, base, EPS, EPS, EPS, 2.0, 20, None, EPS)
+    assert post.shape == (0, 4, 1) and comb.shape == (0, 4, 4) and layer_input.shape == (0, 4096)
+    x = torch.empty(0, 4096, dtype=torch.bfloat16, device=device)
+    assert torch.ops.dsv4.mhc_post(x, residual, post, comb).shape == (0, 4, 4096)
+    head = torch.ops.dsv4.hc_head(residual, fn[:4].contiguous(), base[:4].contiguous(), scale[:1].contiguous(), EPS,
+                                  EPS)
+    assert head.shape == (0, 4096)
+
+
+R = torch.zeros(2, 4, 128, dtype=torch.bfloat16)
+FN, SCALE, BASE = params(128)
+
+
+def _pre_args(**over):
+    base = dict(residual=R, fn=FN, scale=SCALE, base=BASE, rms_eps=EPS, pre_eps=EPS, sinkhorn_eps=EPS, post_mult=2.0,
+                sinkhorn_iters=20, norm_weight=None, norm_eps=EPS)
+    base.update(over)
+    return tuple(base.values())
+
+
+@pytest.mark.parametrize(
+    "over,match",
+    [
+        (dict(residual=R.float()), "residual must have dtype bfloat16"),
+        (dict(residual=torch.zeros(2, 3, 128, dtype=torch.bfloat16)), r"residual must have shape \[tokens, 4, hidden\]"),
+        (dict(residual=torch.zeros(2, 4, 96, dtype=torch.bfloat16)), "hidden must be a positive multiple of 64"),
+        (dict(residual=R.transpose(0, 1)), "residual must have shape|must be contiguous"),
+        (dict(fn=FN[:, :256]), r"fn must have shape \[24, 512\]"),
+        (dict(fn=FN.double()), "fn must have dtype float32"),
+        (dict(scale=SCALE[:2]), r"scale must have shape \[3\]"),
+        (dict(base=BASE[:4]), r"base must have shape \[24\]"),
+        (dict(sinkhorn_iters=0), r"sinkhorn_iters must be in \[1, 1000\]"),
+        (dict(rms_eps=float("nan")), "rms_eps must be finite"),
+        (dict(norm_weight=torch.ones(64, dtype=torch.bfloat16)), r"norm_weight must have shape \[128\]"),
+        (dict(norm_weight=torch.ones(128)), "norm_weight must have dtype bfloat16"),
+    ],
+)
+def test_pre_invalid_inputs(over, match):
+    with pytest.raises(RuntimeError, match=match):
+        torch.ops.dsv4.mhc_pre(*_pre_args(**over))
+
+
+def test_post_invalid_inputs():
+    x = torch.zeros(2, 128, dtype=torch.bfloat16)
+    post, comb = torch.zeros(2, 4, 1), torch.zeros(2, 4, 4)
+    with pytest.raises(RuntimeError, match=r"x must have shape \[2, 128\]"):
+        torch.ops.dsv4.mhc_post(x[:1], R, post, comb)
+    with pytest.raises(RuntimeError, match=r"post_mix must have shape \[2, 4, 1\] or \[2, 4\]"):
+        torch.ops.dsv4.mhc_post(x, R, torch.zeros(2, 3), comb)
+    with pytest.raises(RuntimeError, match=r"comb_mix must have shape \[2, 4, 4\]"):
+        torch.ops.dsv4.mhc_post(x, R, post, torch.zeros(2, 16))
+    with pytest.raises(RuntimeError, match="post_mix must have dtype float32"):
+        torch.ops.dsv4.mhc_post(x, R, post.double(), comb)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_opcheck(device):
+    residual = streams(3, 128, seed=16).to(device)
+    fn, scale, base = to(device, *params(128, seed=17))
+    weight = torch.rand(128).to(torch.bfloat16).to(device)
+    x = torch.randn(3, 128).to(torch.bfloat16).to(device)
+    post, comb, _ = torch.ops.dsv4.mhc_pre(residual, fn, scale, base, EPS, EPS, EPS, 2.0, 20, None, EPS)
+    torch.library.opcheck(torch.ops.dsv4.mhc_pre.default, (residual, fn, scale, base, EPS, EPS, EPS, 2.0, 20, weight,
+                                                          EPS))
+    torch.library.opcheck(torch.ops.dsv4.mhc_post.default, (x, residual, post, comb))
+    torch.library.opcheck(torch.ops.dsv4.mhc_fused_post_pre.default,
+                          (x, residual, post, comb, fn, scale, base, EPS, EPS, EPS, 2.0, 20, None, EPS))
+    head_fn, head_scale, head_base = to(device, *params(128, mixes=4, scales=1, seed=18))
+    torch.library.opcheck(torch.ops.dsv4.hc_head.default, (residual, head_fn, head_base, head_scale, EPS, EPS))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_torch_compile_fullgraph(device):
+    residual = streams(5, 256, seed=19).to(device)
+    fn, scale, base = to(device, *params(256, seed=20))
+    x = torch.randn(5, 256).to(torch.bfloat16).to(device)
+
+    def layer(x, residual):
+        post, comb, layer_input = torch.ops.dsv4.mhc_pre(residual, fn, scale, base, EPS, EPS, EPS, 2.0, 20, None, EPS)
+        new_residual = torch.ops.dsv4.mhc_post(x + layer_input, residual, post, comb)
+        return torch.ops.dsv4.mhc_fused_post_pre(x, new_residual, post, comb, fn, scale, base, EPS, EPS, EPS, 2.0, 20,
+                                                 None, EPS)
+
+    for got, want in zip(torch.compile(layer, fullgraph=True)(x, residual), layer(x, residual)):
+        assert_bits_equal(got.cpu(), want.cpu())
+
+
+@pytest.mark.gpu
+def test_graph_capture_and_replay():
+    device, t, hidden = "cuda", 16, 4096
+    residual = streams(t, hidden, seed=21).to(device)
+    x = torch.randn(t, hidden).to(torch.bfloat16).to(device)
+    fn, scale, base = to(device, *params(hidden, seed=22))
+    post = torch.empty(t, 4, 1, device=device)
+    comb = torch.empty(t, 4, 4, device=device)
+    outputs = {}
+
+    def run():
+        p, c, layer_input = torch.ops.dsv4.mhc_pre(residual, fn, scale, base, EPS, EPS, EPS, 2.0, 20, None, EPS)
+        outputs["pre"] = (p, c, layer_input)
+        outputs["fused"] = torch.ops.dsv4.mhc_fused_post_pre(x, residual, p, c, fn, scale, base, EPS, EPS, EPS, 2.0,
+                                                             20, None, EPS)
+
+    graph, _ = capture_graph(run)
+    fresh = streams(t, hidden, seed=23)
+    residual.copy_(fresh.to(device))
+    graph.replay()
+    torch.cuda.synchronize()
+    want = reference.mhc_pre(fresh, *(v.cpu() for v in (fn, scale, base)))
+    torch.testing.assert_close(outputs["pre"][1].cpu(), want[1], rtol=0, atol=1e-5)
+    assert_bf16_close(outputs["pre"][2], want[2], collapse_magnitude(fresh))
+    want_fused = reference.mhc_fused_post_pre(x.cpu(), fresh, want[0], want[1], fn.cpu(), scale.cpu(), base.cpu())
+    assert_bf16_close(outputs["fused"][0], want_fused[0], post_magnitude(x.cpu(), fresh, want[0], want[1]))
+    del post, comb
+
+
+# ---- the backend table (spec §6), simulated per arch on the CPU ----
+
+ALWAYS = lambda name: True  # noqa: E731
+NEVER = lambda name: False  # noqa: E731
+ONLY = lambda *names: (lambda name: name in names)  # noqa: E731
+
+
+@pytest.mark.parametrize(
+    "arch,kernel_reason,available,hidden,hc,expected",
+    [
+        ("gfx942", None, ALWAYS, 4096, 4, "dsv4ops"),
+        ("gfx942", "no kernel built", ALWAYS, 4096, 4, "aiter"),
+        ("gfx942", "no kernel built", ONLY("tilelang"), 4096, 4, "reference"),  # never TileLang on gfx942
+        ("gfx942", "no kernel built", ALWAYS, 4160, 4, "reference"),  # AITER needs hidden % 256 == 0
+        ("gfx950", "no kernel built", ALWAYS, 7168, 4, "aiter"),
+        ("gfx950", "no kernel built", ONLY("tilelang"), 4096, 4, "tilelang"),
+        ("gfx950", "no kernel built", ALWAYS, 4160, 4, "tilelang"),
+        ("gfx950", "hc_mult 2", ALWAYS, 4096, 2, "reference"),
+        ("gfx90a", "no kernel built", ONLY("tilelang"), 4096, 4, "reference"),  # wave64 TileLang is suspect
+        ("sm_90", None, ALWAYS, 4096, 4, "dsv4ops"),
+        ("sm_90", "no kernel built", ALWAYS, 4096, 4, "tilelang"),
+        ("sm_90", "no kernel built", ONLY("aiter"), 4096, 4, "reference"),
+        ("cpu", None, ALWAYS, 4096, 4, "dsv4ops"),
+        ("cpu", "disabled", ALWAYS, 4096, 4, "reference"),
+    ],
+)
+def test_backend_table(arch, kernel_reason, available, hidden, hc, expected):
+    choice = mhc_module.select_backend(arch, hc, hidden, kernel_reason, available)
+    assert choice.backend == expected
+    if expected != "dsv4ops":
+        assert choice.reasons[0] == kernel_reason
+
+
+def test_gfx942_never_lists_tilelang():
+    assert "tilelang" not in mhc_module.BACKEND_ORDER["gfx942"]
+    assert "tilelang" not in mhc_module.BACKEND_ORDER["amd-other"]
+
+
+class _RecordingAdapter:
+    def __init__(self):
+        self.calls = []
+
+    def mhc_pre(self, residual, *args):
+        self.calls.append("mhc_pre")
+        return reference.mhc_pre(residual, *args)
+
+
+def test_simulated_gfx942_picks_aiter_then_reference_and_logs(monkeypatch, caplog):
+    """On a (simulated) gfx942 without a gfx942 kernel: AITER when its module and adapter exist, else the
+    reference, each with its reason logged once."""
+    monkeypatch.setattr(mhc_module.platform, "device_arch", lambda device: "gfx942")
+    monkeypatch.setattr(mhc_module.dispatch.platform, "device_arch", lambda device: "gfx942")
+    monkeypatch.setattr(mhc_module.importlib.util, "find_spec", lambda name: object())
+    mhc_module._logged.clear()
+    adapter = _RecordingAdapter()
+    residual = streams(2, 256, seed=24)
+    fn, scale, base = params(256, seed=25)
+    caplog.set_level(logging.INFO, logger="dsv4ops")
+    try:
+        mhc_module.register_backend("aiter", adapter)
+        mhc_module.register_backend("tilelang", adapter)
+        got = dsv4ops.mhc_pre(residual, fn, scale, base)
+        assert adapter.calls == ["mhc_pre"]
+        assert_bits_equal(got[2], reference.mhc_pre(residual, fn, scale, base)[2])
+        assert "mhc_pre on gfx942 uses aiter (no kernel built for gfx942" in caplog.text
+        mhc_module.register_backend("aiter", None)
+        dsv4ops.mhc_pre(residual, fn, scale, base)
+        assert adapter.calls == ["mhc_pre"], "TileLang must never serve gfx942"
+        assert "mhc_pre on gfx942 uses reference" in caplog.text
+    finally:
+        mhc_module.register_backend("aiter", None)
+        mhc_module.register_backend("tilelang", None)
+
+
+def test_wrappers_serve_other_stream_counts_with_the_reference(caplog):
+    caplog.set_level(logging.INFO, logger="dsv4ops")
+    residual = torch.randn(3, 2, 64).to(torch.bfloat16)  # hc_mult 2: (2 + 2) * 2 = 8 mixes
+    fn, scale, base = torch.randn(8, 128) * 1e-3, torch.randn(3) * 0.1, torch.randn(8) * 0.1
+    post, comb, layer_input = dsv4ops.mhc_pre(residual, fn, scale, base)
+    assert post.shape == (3, 2, 1) and comb.shape == (3, 2, 2) and layer_input.shape == (3, 64)
+    assert "the kernel needs hc_mult 4" in caplog.text
+    with pytest.raises(ValueError, match="unknown external mHC backend"):
+        mhc_module.register_backend("triton", object())
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_wrappers_use_the_kernel(device):
+    residual = streams(4, 4096, seed=26).to(device)
+    fn, scale, base = to(device, *params(4096, seed=27))
+    x = torch.randn(4, 4096).to(torch.bfloat16).to(device)
+    direct = torch.ops.dsv4.mhc_pre(residual, fn, scale, base, EPS, EPS, EPS, 2.0, 20, None, EPS)
+    for got, want in zip(dsv4ops.mhc_pre(residual, fn, scale, base), direct):
+        assert_bits_equal(got.cpu(), want.cpu())
+    assert_bits_equal(dsv4ops.mhc_post(x, residual, direct[0], direct[1]).cpu(),
+                      torch.ops.dsv4.mhc_post(x, residual, direct[0], direct[1]).cpu())
+    fused = dsv4ops.mhc_fused_post_pre(x, residual, direct[0], direct[1], fn, scale, base)
+    assert len(fused) == 4
+    head = dsv4ops.hc_head(residual, fn[:4].contiguous(), base[:4].contiguous(), scale[:1].contiguous())
+    assert head.shape == (4, 4096)
