@@ -25,12 +25,17 @@ void mhc_pre(const MhcPreArgs& args, int64_t begin, int64_t end) {
     const uint16_t* residual = args.residual + t * count;
     for (int64_t k = 0; k < count; ++k) row[k] = bf16_bits_to_float(residual[k]);
     float dots[mhc::kPreMixes];
+    // count is a multiple of kLanes (the bindings require hidden % 64 == 0): blocked loops vectorize.
     float squares[kLanes] = {};
-    for (int64_t k = 0; k < count; ++k) squares[k % kLanes] += row[k] * row[k];
+    for (int64_t k = 0; k < count; k += kLanes) {
+      for (int l = 0; l < kLanes; ++l) squares[l] += row[k + l] * row[k + l];
+    }
     for (int m = 0; m < args.mixes; ++m) {
       const float* fn = args.fn + m * count;
       float lanes[kLanes] = {};
-      for (int64_t k = 0; k < count; ++k) lanes[k % kLanes] += row[k] * fn[k];
+      for (int64_t k = 0; k < count; k += kLanes) {
+        for (int l = 0; l < kLanes; ++l) lanes[l] += row[k + l] * fn[k + l];
+      }
       dots[m] = lane_sum(lanes);
     }
     float pre[mhc::kHcMult];
