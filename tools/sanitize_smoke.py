@@ -57,5 +57,12 @@ for n, h, hp in ((1, 1, 8), (7, 3, 3), (33, 8, 16)):
         ops.qnorm_rope_kv_insert_full_cache_fp8(q, kv, torch.empty(n, h, 512, dtype=torch.float8_e4m3fn, device=dev),
                                                 gapped, slots, positions, cos_sin, scale, scale, 1e-6, 16, True, fmt,
                                                 qmax)
+for t, hidden in ((1, 64), (5, 4096), (70, 192)):
+    residual = torch.randn(t, 4, hidden, device=dev).to(torch.bfloat16)
+    fn, scale, base = torch.randn(24, 4 * hidden, device=dev) * 1e-3, torch.randn(3, device=dev), torch.randn(24, device=dev)
+    weight = torch.rand(hidden, device=dev).to(torch.bfloat16)
+    post, comb, layer_input = ops.mhc_pre(residual, fn, scale, base, 1e-6, 1e-6, 1e-6, 2.0, 20, weight, 1e-6)
+    ops.mhc_fused_post_pre(layer_input, residual, post, comb, fn, scale, base, 1e-6, 1e-6, 1e-6, 2.0, 20, None, 1e-6)
+    ops.hc_head(residual, fn[:4].contiguous(), base[:4].contiguous(), scale[:1].contiguous(), 1e-6, 1e-6)
 torch.cuda.synchronize()
 print("sanitize smoke: all ops ran")
