@@ -57,14 +57,23 @@ __global__ void __launch_bounds__(kThreads) mhc_dots_kernel(MhcPreArgs args) {
 #pragma unroll
     for (int m = 0; m < kMixes; ++m) dots[p][m] = 0.0f;
   }
+  // Software pipeline: the next chunk's fn values wait in registers (staged) and this chunk's stream
+  // values are in flight while the block synchronizes, so neither load's latency stalls the arithmetic.
+  constexpr int kStaged = (kMixes * kKLanes + kThreads - 1) / kThreads;
+  float4 staged[kStaged];
+  const auto stage = [&](int64_t chunk) {
+#pragma unroll
+    for (int s = 0; s < kStaged; ++s) {
+      const int i = threadIdx.x + s * kThreads;
+      if (i < kMixes * kKLanes) {
+        staged[s] = *reinterpret_cast<const float4*>(args.fn + (i / kKLanes) * count + chunk * kChunk +
+                                                     4 * (i % kKLanes));
+      }
+    }
+  };
+  if (first_chunk < end_chunk) stage(first_chunk);
   for (int64_t chunk = first_chunk; chunk < end_chunk; ++chunk) {
     const int64_t k0 = chunk * kChunk;
-    __syncthreads();  // the previous chunk's fn is no longer read
-    for (int i = threadIdx.x; i < kMixes * kKLanes; i += kThreads) {
-      const int m = i / kKLanes;
-      fn_chunk[m][i % kKLanes] = *reinterpret_cast<const float4*>(args.fn + m * count + k0 + 4 * (i % kKLanes));
-    }
-    __syncthreads();
     float x[kTokensPerThread][4];
 #pragma unroll
     for (int p = 0; p < kTokensPerThread; ++p) {
@@ -74,6 +83,17 @@ __global__ void __launch_bounds__(kThreads) mhc_dots_kernel(MhcPreArgs args) {
       } else {
         x[p][0] = x[p][1] = x[p][2] = x[p][3] = 0.0f;
       }
+    }
+    __syncthreads();  // the previous chunk's fn is no longer read
+#pragma unroll
+    for (int s = 0; s < kStaged; ++s) {
+      const int i = threadIdx.x + s * kThreads;
+      if (i < kMixes * kKLanes) fn_chunk[i / kKLanes][i % kKLanes] = staged[s];
+    }
+    __syncthreads();
+    if (chunk + 1 < end_chunk) stage(chunk + 1);
+#pragma unroll
+    for (int p = 0; p < kTokensPerThread; ++p) {
       squares[p] += x[p][0] * x[p][0] + x[p][1] * x[p][1] + x[p][2] * x[p][2] + x[p][3] * x[p][3];
     }
 #pragma unroll

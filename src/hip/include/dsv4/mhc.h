@@ -30,7 +30,8 @@ DSV4_HD float rms_factor(float sum_of_squares, int64_t count, float eps) {
 }
 
 // Row-major 4x4 logits (row j, column k) -> comb: softmax over k plus eps, a column normalization, then
-// (iters - 1) pairs of row and column normalizations, each dividing by (sum + eps).
+// (iters - 1) pairs of row and column normalizations, each dividing by (sum + eps) (as a product with the
+// reciprocal: within an fp32 rounding of the reference's division).
 DSV4_HD void sinkhorn(const float* logits, float eps, int iters, float* c) {
   for (int j = 0; j < kHcMult; ++j) {
     float row_max = logits[j * kHcMult];
@@ -41,17 +42,20 @@ DSV4_HD void sinkhorn(const float* logits, float eps, int iters, float* c) {
       e[k] = expf(logits[j * kHcMult + k] - row_max);
       sum += e[k];
     }
-    for (int k = 0; k < kHcMult; ++k) c[j * kHcMult + k] = e[k] / sum + eps;
+    const float inverse = 1.0f / sum;
+    for (int k = 0; k < kHcMult; ++k) c[j * kHcMult + k] = e[k] * inverse + eps;
   }
   for (int step = 0; step < 2 * iters - 1; ++step) {
     const bool columns = step % 2 == 0;  // column first, then row/column pairs
     for (int a = 0; a < kHcMult; ++a) {
       float sum = 0.0f;
       for (int b = 0; b < kHcMult; ++b) sum += columns ? c[b * kHcMult + a] : c[a * kHcMult + b];
-      const float divisor = sum + eps;
+      // One division per row or column, then products: on a GPU this epilogue runs in one thread per
+      // token, where 16 divisions per step would dominate a decode step's time.
+      const float inverse = 1.0f / (sum + eps);
       for (int b = 0; b < kHcMult; ++b) {
         float& v = columns ? c[b * kHcMult + a] : c[a * kHcMult + b];
-        v = v / divisor;
+        v = v * inverse;
       }
     }
   }
