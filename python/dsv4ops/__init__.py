@@ -28,11 +28,13 @@ from .kv_cache import (
     quantize_and_insert_k_cache,
 )
 from .mhc import hc_head, mhc_fused_post_pre, mhc_post, mhc_pre
+from .wo_a import bmm_a8w8_mxscale, inverse_rope, inverse_rope_group_quant, prepare_wo_a, wo_a_forward
 from .platform import Fp8Format, build_info, device_arch, fp8_dtype, fp8_format, quant_max
 
 __all__ = [
     "__version__",
     "Fp8Format",
+    "bmm_a8w8_mxscale",
     "build_info",
     "dequantize_and_gather_k_cache",
     "device_arch",
@@ -45,15 +47,19 @@ __all__ = [
     "fp8_encode",
     "fp8_format",
     "hc_head",
+    "inverse_rope",
+    "inverse_rope_group_quant",
     "kv_norm_rope_quant_insert",
     "kv_rope_quant_insert",
     "mhc_fused_post_pre",
     "mhc_post",
     "mhc_pre",
+    "prepare_wo_a",
     "qnorm_rope_kv_insert",
     "qnorm_rope_kv_insert_full_cache_bf16",
     "qnorm_rope_kv_insert_full_cache_fp8",
     "quant_max",
     "quantize_and_insert_k_cache",
     "ue8m0_to_float",
+    "wo_a_forward",
 ]

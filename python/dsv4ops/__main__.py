@@ -18,7 +18,8 @@ from dsv4ops import dispatch, platform
 OPS = ("ue8m0_to_float", "float_to_ue8m0_lossless", "fp8_encode", "fp8_block_dequantize", "e4m3fn_to_fnuz",
        "qnorm_rope_kv_insert", "qnorm_rope_kv_insert_full_cache_bf16", "qnorm_rope_kv_insert_full_cache_fp8",
        "kv_rope_quant_insert", "kv_norm_rope_quant_insert", "quantize_and_insert_k_cache",
-       "dequantize_and_gather_k_cache", "mhc_pre", "mhc_post", "mhc_fused_post_pre", "hc_head")
+       "dequantize_and_gather_k_cache", "mhc_pre", "mhc_post", "mhc_fused_post_pre", "hc_head",
+       "inverse_rope_group_quant", "inverse_rope", "bmm_a8w8_mxscale")
 
 
 def info(out=sys.stdout) -> int:

@@ -109,3 +109,36 @@ def _mhc_fused_post_pre(x, residual, post_mix, comb_mix, fn, scale, base, rms_ep
 @torch.library.register_fake("dsv4::hc_head")
 def _hc_head(residual, fn, base, scale, rms_eps, eps):
     return residual.new_empty((residual.shape[0], residual.shape[2]))
+
+
+def _group_quant_shapes(o, num_groups, group_size):
+    d = o.shape[1] * o.shape[2] // num_groups
+    return (o.shape[0], num_groups, d), (o.shape[0], num_groups, d // group_size)
+
+
+@torch.library.register_fake("dsv4::inverse_rope_group_quant")
+def _inverse_rope_group_quant(o, positions, cos_sin, num_groups, group_size, fp8_format, quant_max, rotated):
+    x_shape, scale_shape = _group_quant_shapes(o, num_groups, group_size)
+    dtype = torch.float8_e4m3fnuz if fp8_format == 1 else torch.float8_e4m3fn
+    return o.new_empty(x_shape, dtype=dtype), o.new_empty(scale_shape, dtype=torch.uint8)
+
+
+@torch.library.register_fake("dsv4::inverse_rope_group_quant.out")
+def _inverse_rope_group_quant_out(o, positions, cos_sin, num_groups, group_size, fp8_format, quant_max, rotated, *,
+                                  x_fp8, x_scale):
+    return None
+
+
+@torch.library.register_fake("dsv4::inverse_rope")
+def _inverse_rope(o, positions, cos_sin):
+    return torch.empty_like(o)
+
+
+@torch.library.register_fake("dsv4::bmm_a8w8_mxscale")
+def _bmm_a8w8_mxscale(x, w, x_scale, w_scale, out_dtype):
+    return x.new_empty((x.shape[0], x.shape[1], w.shape[1]), dtype=out_dtype)
+
+
+@torch.library.register_fake("dsv4::bmm_a8w8_mxscale.out")
+def _bmm_a8w8_mxscale_out(x, w, x_scale, w_scale, *, out):
+    return None

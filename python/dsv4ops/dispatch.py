@@ -3,7 +3,8 @@
 For each op and call, in order:
   1. selected  -- DSV4OPS_DISABLE=op1,op2 (or 'all') sends the op to the reference;
                   DSV4OPS_FORCE=op1,op2 (or 'all') demands the kernel and raises if it cannot run;
-  2. built     -- the build has a kernel for the tensor's device (the CPU kernels are always built);
+  2. built     -- the build has a kernel for the tensor's device and this op registers one for it (the CPU
+                  kernels are always built);
   3. supported -- the op's own check of this call (shape, dtype) passes.
 A fallback is logged once per (op, reason) on the 'dsv4ops' logger and counted (fallback_counts()).
 explain(op, device) returns the decision with its trail without running anything.
@@ -27,6 +28,13 @@ KERNEL = "kernel"
 REFERENCE = "reference"
 
 _fallbacks: collections.Counter = collections.Counter()
+_DISPATCH_KEYS = {"cuda": "CUDA"}  # ROCm builds register their kernels under the CUDA key too
+
+
+def _has_kernel(op: str, key: str) -> bool:
+    """Whether the op has a kernel registered for the dispatch key (ops whose GPU kernels are still to
+    come register the CPU one only)."""
+    return torch._C._dispatch_has_kernel_for_dispatch_key(f"dsv4::{op}", key)
 _logged: set = set()
 
 
@@ -82,6 +90,10 @@ def decide(op: str, device, supported: Optional[Callable[[], Optional[str]]] = N
             f"no kernel built for {arch} (backend {platform.BUILD_INFO['backend']}, "
             f"archs {platform.BUILD_INFO['gpu_archs'] or 'none'})"
         )
+    key = _DISPATCH_KEYS.get(device.type)
+    if key is not None and not _has_kernel(op, key):
+        trail.append(f"built: no {key} kernel for {op}")
+        return fallback(f"this build has no {key} kernel for {op} (a CPU kernel only, so far)")
     trail.append(f"built: yes ({built})")
 
     if supported is not None:

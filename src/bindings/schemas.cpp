@@ -62,4 +62,17 @@ STABLE_TORCH_LIBRARY(dsv4, m) {
       "Tensor? norm_weight, float norm_eps) -> (Tensor residual_cur, Tensor post_mix_cur, Tensor comb_mix_cur, "
       "Tensor layer_input_cur)");
   m.def("hc_head(Tensor residual, Tensor fn, Tensor base, Tensor scale, float rms_eps, float eps) -> Tensor");
+
+  // wo_a (spec/wo_a.md): inverse RoPE, inverse RoPE + UE8M0 group quantization, grouped FP8 GEMM with
+  // 1x128 / 128x128 UE8M0 block scales. CPU kernels so far.
+  m.def(
+      "inverse_rope_group_quant(Tensor o, Tensor positions, Tensor cos_sin, int num_groups, int group_size, "
+      "int fp8_format, float quant_max, bool rotated) -> (Tensor x_fp8, Tensor x_scale)");
+  m.def(
+      "inverse_rope_group_quant.out(Tensor o, Tensor positions, Tensor cos_sin, int num_groups, int group_size, "
+      "int fp8_format, float quant_max, bool rotated, *, Tensor(a!) x_fp8, Tensor(b!) x_scale) -> ()");
+  m.def("inverse_rope(Tensor o, Tensor positions, Tensor cos_sin) -> Tensor");
+  m.def(
+      "bmm_a8w8_mxscale(Tensor x, Tensor w, Tensor x_scale, Tensor w_scale, ScalarType out_dtype) -> Tensor");
+  m.def("bmm_a8w8_mxscale.out(Tensor x, Tensor w, Tensor x_scale, Tensor w_scale, *, Tensor(a!) out) -> ()");
 }

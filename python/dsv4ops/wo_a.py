@@ -1,0 +1,193 @@
+"""DSv4 attention output projection wo_a (spec/wo_a.md): the FP8 path (inverse RoPE + UE8M0 group-128
+quantization, then a grouped FP8 GEMM on the checkpoint's own FP8 weight with its 128x128 UE8M0 block
+scales) or the BF16 path (inverse RoPE, then a BF16 grouped einsum on the dequantized weight).
+
+    plan = prepare_wo_a(weight, weight_scale, n_groups, o_lora_rank, cos_sin, device)   # once, at load
+    z = wo_a_forward(o, positions, plan, rotated=True)                                   # [T, G * 1024]
+
+prepare_wo_a applies the acceptance gates in order and logs the reason of a refusal once. `rotated` says
+whether o still carries the rotation (the attention may already have undone it); it is never inferred.
+The ops themselves (inverse_rope_group_quant, bmm_a8w8_mxscale, inverse_rope) are in this module too,
+with the reference serving devices that have no kernel yet.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from typing import Optional
+
+import torch
+
+from . import dispatch
+from .fp8 import e4m3fn_to_fnuz, float_to_ue8m0_lossless
+from .platform import Fp8Format, fp8_format as device_fp8_format
+from .reference import wo_a as reference
+
+logger = logging.getLogger("dsv4ops")
+
+HEAD_DIM = 512
+ROPE_DIM = 64
+SCALE_BLOCK = 128
+GROUP_SIZE = 128
+_logged: set = set()
+
+
+def _format_and_max(device, fp8_format, quant_max):
+    fmt = Fp8Format.parse(fp8_format) if fp8_format is not None else device_fp8_format(device)
+    qmax = float(quant_max) if quant_max is not None else fmt.default_quant_max
+    if not 0.0 < qmax <= fmt.max_finite:
+        raise ValueError(f"quant_max must be in (0, {fmt.max_finite}] for {fmt.name}, got {qmax}")
+    return fmt, qmax
+
+
+def inverse_rope_group_quant(o: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor, num_groups: int,
+                             group_size: int = GROUP_SIZE, fp8_format=None, quant_max: Optional[float] = None,
+                             rotated: bool = True):
+    """o bf16 [S, H, 512] -> (x_fp8 [S, G, D], x_scale uint8 [S, G, D / group_size]), D = H * 512 / G: the
+    inverse rotation of lanes 448..511 of every head when `rotated`, then per (token, group of group_size
+    lanes) an RCEIL UE8M0 scale and FP8 values (spec §3). cos_sin [P, 64] (cos || sin), fp32 or bf16;
+    positions int32/int64 clamped to [0, P - 1]. Encoding and quant max default to the device's."""
+    fmt, qmax = _format_and_max(o.device, fp8_format, quant_max)
+    if dispatch.choose("inverse_rope_group_quant", o.device).uses_kernel:
+        return torch.ops.dsv4.inverse_rope_group_quant(o.contiguous(), positions.contiguous(), cos_sin.contiguous(),
+                                                       int(num_groups), int(group_size), int(fmt), qmax, bool(rotated))
+    return reference.inverse_rope_group_quant(o, positions, cos_sin, int(num_groups), int(group_size), fmt, qmax,
+                                              bool(rotated))
+
+
+def inverse_rope(o: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor) -> torch.Tensor:
+    """The BF16 path's inverse rotation: lanes 448..511 of every head in fp32, rounded once to bf16."""
+    if dispatch.choose("inverse_rope", o.device).uses_kernel:
+        return torch.ops.dsv4.inverse_rope(o.contiguous(), positions.contiguous(), cos_sin.contiguous())
+    return reference.inverse_rope(o, positions, cos_sin)
+
+
+def bmm_a8w8_mxscale(x: torch.Tensor, w: torch.Tensor, x_scale: torch.Tensor, w_scale: torch.Tensor,
+                     out_dtype: torch.dtype = torch.bfloat16, out: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """Y [M, G, N] = the grouped FP8 product with 1x128 (x) and 128x128 (w) UE8M0 block scales, fp32
+    accumulation (spec §4.3). x [M, G, K] and w [G, N, K] are float8 e4m3 (fn or fnuz, decoded per dtype)
+    with K contiguous; out may be any [M, G, N] view with N contiguous (e.g. a batch-major buffer's
+    transpose)."""
+    if dispatch.choose("bmm_a8w8_mxscale", x.device).uses_kernel:
+        if out is None:
+            return torch.ops.dsv4.bmm_a8w8_mxscale(x, w, x_scale, w_scale, out_dtype)
+        torch.ops.dsv4.bmm_a8w8_mxscale.out(x, w, x_scale, w_scale, out=out)
+        return out
+    result = reference.bmm_a8w8_mxscale(x, w, x_scale, w_scale, out.dtype if out is not None else out_dtype)
+    if out is None:
+        return result
+    out.copy_(result)
+    return out
+
+
+@dataclasses.dataclass
+class WoAPlan:
+    """What prepare_wo_a decided for one layer."""
+
+    path: str  # "fp8" or "bf16"
+    reason: Optional[str]  # why the FP8 path was refused (None on the FP8 path)
+    n_groups: int
+    o_lora_rank: int
+    cos_sin: torch.Tensor
+    weight: torch.Tensor  # the checkpoint FP8 weight [G * R, K] (FNUZ-normalized copy on FNUZ devices)
+    weight_scale: Optional[torch.Tensor]  # UE8M0 bytes [G, R / 128, K / 128] (FP8 path)
+    fp8_format: Optional[Fp8Format] = None
+    quant_max: Optional[float] = None
+    original_scale: Optional[torch.Tensor] = None  # the checkpoint scale, for the BF16 dequantization
+    _bf16_weight: Optional[torch.Tensor] = None
+
+    def bf16_weight(self) -> torch.Tensor:
+        """The dequantized [G, R, K] bf16 weight, built on first use only (BF16 path)."""
+        if self._bf16_weight is None:
+            self._bf16_weight = _dequantize_weight(self.weight, self.original_scale, self.fp8_format).reshape(
+                self.n_groups, self.o_lora_rank, -1)
+        return self._bf16_weight
+
+
+def _dequantize_weight(weight: torch.Tensor, scale: Optional[torch.Tensor], fmt: Optional[Fp8Format]):
+    if weight.element_size() != 1 or scale is None:  # already dequantized: take it as it is
+        return weight.to(torch.bfloat16)
+    values = reference.fp8_decode(weight.view(torch.uint8), fmt if fmt is not None else Fp8Format.parse(weight.dtype))
+    if scale.dtype in (torch.uint8, getattr(torch, "float8_e8m0fnu", torch.uint8)):
+        factors = reference._pow2(scale.view(torch.uint8).to(torch.int64) - 127).to(torch.float32)
+    else:
+        factors = scale.to(torch.float32)
+    factors = factors.repeat_interleave(SCALE_BLOCK, 0)[: weight.shape[0]]
+    factors = factors.repeat_interleave(SCALE_BLOCK, 1)[:, : weight.shape[1]]
+    return (values * factors).to(torch.bfloat16)
+
+
+def _refuse(plan_args: dict, reason: str) -> WoAPlan:
+    key = reason.split(":")[0]
+    if key not in _logged:
+        _logged.add(key)
+        logger.warning("dsv4ops: wo_a uses the BF16 path: %s", reason)
+    return WoAPlan(path="bf16", reason=reason, weight_scale=None, **plan_args)
+
+
+def prepare_wo_a(weight: torch.Tensor, weight_scale: Optional[torch.Tensor], n_groups: int, o_lora_rank: int,
+                 cos_sin: torch.Tensor, device=None, activation_dtype: torch.dtype = torch.bfloat16,
+                 fp8_format=None, quant_max: Optional[float] = None) -> WoAPlan:
+    """The acceptance gates of spec §5.2 (plus head_dim, rope and dtype checks), in order; the first that
+    fails selects the BF16 path, with its reason logged once. weight [G * R, K] FP8 (the checkpoint's
+    wo_a, rows group-major), weight_scale [G * R / 128, K / 128] (fp32 powers of two, UE8M0 or uint8
+    bytes), cos_sin the layer's rotary table [P, 64]."""
+    device = torch.device(device) if device is not None else weight.device
+    plan_args = dict(n_groups=int(n_groups), o_lora_rank=int(o_lora_rank), cos_sin=cos_sin, weight=weight,
+                     original_scale=weight_scale)
+    if n_groups <= 0:
+        raise ValueError(f"wo_a: n_groups must be positive (tensor parallelism wider than o_groups?), got {n_groups}")
+    for op in ("inverse_rope_group_quant", "bmm_a8w8_mxscale"):
+        decision = dispatch.decide(op, device)
+        if not decision.uses_kernel:
+            return _refuse(plan_args, f"kernel: {op}: {decision.reason}")
+    if weight is None or weight_scale is None:
+        return _refuse(plan_args, "weights: the layer exposes no FP8 weight or no weight scale")
+    if weight.dim() != 2 or weight_scale.dim() != 2 or weight.dtype not in (torch.float8_e4m3fn,
+                                                                             torch.float8_e4m3fnuz):
+        return _refuse(plan_args, f"weights: needs a 2-D float8 e4m3 weight and a 2-D scale, got {weight.dtype} "
+                                  f"{tuple(weight.shape)} and {tuple(weight_scale.shape)}")
+    out_features, in_features = weight.shape
+    if (out_features != n_groups * o_lora_rank or o_lora_rank % SCALE_BLOCK or in_features % SCALE_BLOCK
+            or tuple(weight_scale.shape) != (out_features // SCALE_BLOCK, in_features // SCALE_BLOCK)):
+        return _refuse(plan_args, f"shapes: needs group-128 blocks: G={n_groups}, o_lora_rank={o_lora_rank}, weight "
+                                  f"{tuple(weight.shape)}, scale {tuple(weight_scale.shape)}")
+    if in_features % HEAD_DIM:
+        return _refuse(plan_args, f"head_dim: in_features {in_features} is not a whole number of 512-wide heads")
+    if cos_sin.dim() != 2 or cos_sin.shape[-1] != ROPE_DIM:
+        return _refuse(plan_args, f"rope: needs a [P, 64] cos || sin table, got {tuple(cos_sin.shape)}")
+    if activation_dtype != torch.bfloat16:
+        return _refuse(plan_args, f"dtype: the FP8 path serves bf16 activations, got {activation_dtype}")
+    scale_bytes, why = float_to_ue8m0_lossless(weight_scale)
+    if scale_bytes is None:
+        return _refuse(plan_args, f"scale: could not losslessly encode the {weight_scale.dtype} wo_a block scale "
+                                  f"as UE8M0 ({why})")
+    fmt, qmax = _format_and_max(device, fp8_format, quant_max)
+    if fmt is Fp8Format.FNUZ and weight.dtype == torch.float8_e4m3fn:
+        # The checkpoint's OCP bytes read as FNUZ are worth half: the scale byte gains one (lossless).
+        try:
+            weight, scale_bytes = e4m3fn_to_fnuz(weight, scale_bytes)
+        except ValueError as error:
+            return _refuse(plan_args, f"scale: the FNUZ normalization needs doubled scales: {error}")
+    elif fmt is Fp8Format.OCP and weight.dtype != torch.float8_e4m3fn:
+        return _refuse(plan_args, f"weights: an OCP device needs a float8_e4m3fn weight, got {weight.dtype}")
+    plan_args["weight"] = weight
+    grouped_scale = scale_bytes.view(torch.uint8).reshape(n_groups, o_lora_rank // SCALE_BLOCK, -1)
+    return WoAPlan(path="fp8", reason=None, weight_scale=grouped_scale, fp8_format=fmt, quant_max=qmax, **plan_args)
+
+
+def wo_a_forward(o: torch.Tensor, positions: torch.Tensor, plan: WoAPlan, rotated: bool) -> torch.Tensor:
+    """o [T, H, 512] (bf16) -> [T, G * o_lora_rank] in o's dtype, for wo_b. `rotated`: o's rope lanes are
+    still in the rotated frame (True) or already rotated back (False)."""
+    t, heads, _ = o.shape
+    g = plan.n_groups
+    if plan.path == "fp8":
+        x_fp8, x_scale = inverse_rope_group_quant(o, positions, plan.cos_sin, g, GROUP_SIZE, plan.fp8_format,
+                                                  plan.quant_max, rotated)
+        w = plan.weight.view(g, plan.o_lora_rank, -1)
+        z = bmm_a8w8_mxscale(x_fp8, w, x_scale, plan.weight_scale, o.dtype)
+    else:
+        x = inverse_rope(o, positions, plan.cos_sin) if rotated else o
+        z = torch.einsum("tgd,grd->tgr", x.reshape(t, g, heads * HEAD_DIM // g), plan.bf16_weight().to(o.dtype))
+    return z.reshape(t, g * plan.o_lora_rank)

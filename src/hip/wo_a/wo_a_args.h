@@ -1,0 +1,75 @@
+// Arguments of the wo_a ops (spec/wo_a.md): inverse RoPE, inverse RoPE + UE8M0 group quantization, and
+// the grouped FP8 GEMM with 1x128 / 128x128 UE8M0 block scales. Torch-free; the bindings validate every
+// field first. (CPU implementations only so far: the GPU kernels are still to come.)
+#pragma once
+
+#include "dsv4/fp8.h"
+#include "dsv4/platform.h"
+
+namespace dsv4 {
+
+// The rotation table and the positions that index it (clamped to [0, rows - 1]).
+struct RopeTable {
+  const void* cos_sin;  // [rows, 64]: cos || sin, fp32 or bf16
+  bool bf16;
+  int64_t rows;
+  const void* positions;  // int32 or int64 [>= tokens]
+  bool positions_int64;
+};
+
+// o bf16 [tokens, heads, 512] contiguous -> x_fp8 [tokens, groups, D] (D = heads * 512 / groups,
+// contiguous) and x_scale bytes [tokens, groups, D / group_size] at the given strides (last one 1).
+struct InverseRopeGroupQuantArgs {
+  const uint16_t* o;
+  RopeTable rope;
+  bool rotated;  // o still carries the rotation: undo it on lanes 448..511 of every head
+  uint8_t* x_fp8;
+  uint8_t* x_scale;
+  int64_t scale_token_stride;
+  int64_t scale_group_stride;
+  int64_t tokens;
+  int64_t heads;
+  int64_t groups;
+  int64_t group_size;
+  Fp8Format format;
+  float quant_max;
+};
+
+// o bf16 [tokens, heads, 512] contiguous -> out bf16, the rope lanes rotated back (fp32, one rounding).
+struct InverseRopeArgs {
+  const uint16_t* o;
+  RopeTable rope;
+  uint16_t* out;
+  int64_t tokens;
+  int64_t heads;
+};
+
+// Y[m, g, n] = sum_kb 2^(x_scale[m, g, kb] - 127) * 2^(w_scale[g, n / 128, kb] - 127) * sum_{k in kb} x * w
+// with fp32 accumulation. K is contiguous in every operand; the other dims take the given strides
+// (elements for x, w and out; bytes for the scales).
+struct BmmA8W8MxScaleArgs {
+  const uint8_t* x;  // [m, groups, k]
+  int64_t x_stride_m;
+  int64_t x_stride_g;
+  Fp8Format x_format;
+  const uint8_t* w;  // [groups, n, k]
+  int64_t w_stride_g;
+  int64_t w_stride_n;
+  Fp8Format w_format;
+  const uint8_t* x_scale;  // [m, groups, k / 128]
+  int64_t x_scale_stride_m;
+  int64_t x_scale_stride_g;
+  const uint8_t* w_scale;  // [groups, n / 128, k / 128]
+  int64_t w_scale_stride_g;
+  int64_t w_scale_stride_nb;
+  void* out;  // [m, groups, n], bf16 or fp32
+  bool out_fp32;
+  int64_t out_stride_m;
+  int64_t out_stride_g;
+  int64_t m;
+  int64_t groups;
+  int64_t n;
+  int64_t k;
+};
+
+}  // namespace dsv4
