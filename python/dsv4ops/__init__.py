@@ -28,6 +28,7 @@ from .kv_cache import (
     quantize_and_insert_k_cache,
 )
 from .mhc import hc_head, mhc_fused_post_pre, mhc_post, mhc_pre
+from .sparse_mla import sparse_mla_decode
 from .wo_a import bmm_a8w8_mxscale, inverse_rope, inverse_rope_group_quant, prepare_wo_a, wo_a_forward
 from .platform import Fp8Format, build_info, device_arch, fp8_dtype, fp8_format, quant_max
 
@@ -60,6 +61,7 @@ __all__ = [
     "qnorm_rope_kv_insert_full_cache_fp8",
     "quant_max",
     "quantize_and_insert_k_cache",
+    "sparse_mla_decode",
     "ue8m0_to_float",
     "wo_a_forward",
 ]

@@ -142,3 +142,10 @@ def _bmm_a8w8_mxscale(x, w, x_scale, w_scale, out_dtype):
 @torch.library.register_fake("dsv4::bmm_a8w8_mxscale.out")
 def _bmm_a8w8_mxscale_out(x, w, x_scale, w_scale, *, out):
     return None
+
+
+@torch.library.register_fake("dsv4::sparse_mla_decode")
+def _sparse_mla_decode(q, main_cache, main_indices, main_indptr, main_block_size, extra_cache, extra_indices,
+                       extra_indptr, extra_block_size, attn_sink, scale, main_format, extra_format, num_splits, cos_sin,
+                       positions, *, out):
+    return None

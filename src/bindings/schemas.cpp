@@ -75,4 +75,12 @@ STABLE_TORCH_LIBRARY(dsv4, m) {
   m.def(
       "bmm_a8w8_mxscale(Tensor x, Tensor w, Tensor x_scale, Tensor w_scale, ScalarType out_dtype) -> Tensor");
   m.def("bmm_a8w8_mxscale.out(Tensor x, Tensor w, Tensor x_scale, Tensor w_scale, *, Tensor(a!) out) -> ()");
+
+  // Sparse MLA decode over the fp8_ds_mla SWA ("main") and compressed ("extra") caches, with an attention
+  // sink (spec/sparse_mla_decode.md). CPU kernel so far.
+  m.def(
+      "sparse_mla_decode(Tensor q, Tensor main_cache, Tensor main_indices, Tensor main_indptr, int main_block_size, "
+      "Tensor? extra_cache, Tensor? extra_indices, Tensor? extra_indptr, int extra_block_size, Tensor? attn_sink, "
+      "float scale, int main_format, int extra_format, int num_splits, Tensor? cos_sin, Tensor? positions, *, "
+      "Tensor(a!) out) -> ()");
 }

@@ -13,3 +13,4 @@ from .fp8 import (  # noqa: F401
 )
 from .mhc import hc_head, mhc_fused_post_pre, mhc_post, mhc_pre, sinkhorn  # noqa: F401
 from .wo_a import bmm_a8w8_mxscale, inverse_rope, inverse_rope_group_quant  # noqa: F401
+from .sparse_mla import sparse_mla_decode  # noqa: F401

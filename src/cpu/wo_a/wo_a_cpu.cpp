@@ -17,30 +17,17 @@ constexpr int kNopeDim = kHeadDim - kRopeDim;
 constexpr int kScaleBlock = 128;
 constexpr float kGroupAmaxFloor = 1e-8f;
 
-int64_t clamped_position(const RopeTable& rope, int64_t token) {
-  int64_t p = rope.positions_int64 ? static_cast<const int64_t*>(rope.positions)[token]
-                                   : static_cast<const int32_t*>(rope.positions)[token];
-  return p < 0 ? 0 : (p >= rope.rows ? rope.rows - 1 : p);
-}
-
-float table_value(const RopeTable& rope, int64_t row, int column) {
-  const int64_t index = row * kRopeDim + column;
-  return rope.bf16 ? bf16_bits_to_float(static_cast<const uint16_t*>(rope.cos_sin)[index])
-                   : static_cast<const float*>(rope.cos_sin)[index];
-}
-
 // One token's heads into fp32, the rope lanes of every head rotated back when `rotate`.
 void token_values(const uint16_t* o, int64_t heads, const RopeTable& rope, int64_t token, bool rotate,
                   float* values) {
   const int64_t count = heads * kHeadDim;
   for (int64_t i = 0; i < count; ++i) values[i] = bf16_bits_to_float(o[token * count + i]);
   if (!rotate) return;
-  const int64_t row = clamped_position(rope, token);
+  const int64_t row = rope.row_of(token);
   for (int64_t h = 0; h < heads; ++h) {
     float* head = values + h * kHeadDim + kNopeDim;
     for (int pair = 0; pair < kRopeDim / 2; ++pair) {
-      rope_unrotate_pair(head[2 * pair], head[2 * pair + 1], table_value(rope, row, pair),
-                         table_value(rope, row, kRopeDim / 2 + pair));
+      rope_unrotate_pair(head[2 * pair], head[2 * pair + 1], rope.value(row, pair), rope.value(row, kRopeDim / 2 + pair));
     }
   }
 }

@@ -5,17 +5,9 @@
 
 #include "dsv4/fp8.h"
 #include "dsv4/platform.h"
+#include "dsv4/rope.h"
 
 namespace dsv4 {
-
-// The rotation table and the positions that index it (clamped to [0, rows - 1]).
-struct RopeTable {
-  const void* cos_sin;  // [rows, 64]: cos || sin, fp32 or bf16
-  bool bf16;
-  int64_t rows;
-  const void* positions;  // int32 or int64 [>= tokens]
-  bool positions_int64;
-};
 
 // o bf16 [tokens, heads, 512] contiguous -> x_fp8 [tokens, groups, D] (D = heads * 512 / groups,
 // contiguous) and x_scale bytes [tokens, groups, D / group_size] at the given strides (last one 1).

@@ -5,6 +5,7 @@
 
 #include <cmath>
 
+#include "dsv4/bf16.h"
 #include "dsv4/platform.h"
 
 namespace dsv4 {
@@ -46,5 +47,27 @@ DSV4_HD void rope_unrotate_pair(float& even, float& odd, float c, float s) {
 DSV4_HD float rms_inverse(float sum_of_squares, int n, float eps) {
   return 1.0f / sqrtf(sum_of_squares / static_cast<float>(n) + eps);
 }
+
+// A rotary table [rows, 64] (cos || sin, fp32 or bf16) and the positions that index it, clamped to
+// [0, rows - 1] (never faulted).
+struct RopeTable {
+  const void* cos_sin;
+  bool bf16;
+  int64_t rows;
+  const void* positions;  // int32 or int64
+  bool positions_int64;
+
+  DSV4_HD int64_t row_of(int64_t token) const {
+    const int64_t p = positions_int64 ? static_cast<const int64_t*>(positions)[token]
+                                      : static_cast<const int32_t*>(positions)[token];
+    return p < 0 ? 0 : (p >= rows ? rows - 1 : p);
+  }
+  // Column c of row r, widened to fp32 (c < 32: cos, else sin).
+  DSV4_HD float value(int64_t row, int column) const {
+    const int64_t index = row * 64 + column;
+    return bf16 ? bf16_bits_to_float(static_cast<const uint16_t*>(cos_sin)[index])
+                : static_cast<const float*>(cos_sin)[index];
+  }
+};
 
 }  // namespace dsv4

@@ -1,0 +1,49 @@
+// Arguments of dsv4.sparse_mla_decode (spec/sparse_mla_decode.md). Torch-free; the bindings validate every
+// field first. (CPU implementation only so far: the GPU kernel is still to come.)
+#pragma once
+
+#include "dsv4/fp8.h"
+#include "dsv4/platform.h"
+#include "dsv4/rope.h"
+
+namespace dsv4 {
+
+// One fp8_ds_mla cache and the ragged global slot lists of every query row into it.
+struct SparseKeySource {
+  const uint8_t* bytes;  // null: no such cache
+  int64_t num_blocks;
+  int64_t block_size;
+  int64_t block_stride;  // bytes
+  const int32_t* indices;  // [index_count]
+  int64_t index_count;
+  const int32_t* indptr;  // [tokens + 1]; row t reads indices [indptr[t], indptr[t+1]) clamped to [0, index_count]
+  Fp8Format format;
+
+  DSV4_HD int64_t capacity() const { return num_blocks * block_size; }
+  DSV4_HD int64_t row_begin(int64_t token) const { return clamp_index(indptr[token]); }
+  DSV4_HD int64_t row_end(int64_t token) const {
+    const int64_t end = clamp_index(indptr[token + 1]);
+    return end < row_begin(token) ? row_begin(token) : end;
+  }
+  DSV4_HD int64_t clamp_index(int64_t i) const { return i < 0 ? 0 : (i > index_count ? index_count : i); }
+};
+
+struct SparseMlaDecodeArgs {
+  const uint16_t* q;  // bf16 [tokens, heads, 512], last dim contiguous
+  int64_t q_token_stride;
+  int64_t q_head_stride;
+  SparseKeySource main;
+  SparseKeySource extra;
+  const float* sink;  // [>= heads] or null (no sink)
+  float scale;
+  int num_splits;   // >= 1: the key list of each row is cut into this many contiguous slices
+  bool inverse_rope;  // rotate dims 448..511 of the output back with `rope`
+  RopeTable rope;
+  uint16_t* out;  // bf16 [tokens, heads, 512], last dim contiguous
+  int64_t out_token_stride;
+  int64_t out_head_stride;
+  int64_t tokens;
+  int64_t heads;
+};
+
+}  // namespace dsv4
