@@ -1,0 +1,233 @@
+"""dsv4.sparse_mla_decode (spec/sparse_mla_decode.md) against the PyTorch reference, on caches written by
+dsv4ops' own writers in both encodings: every layer type (SWA-only, C4A, C128A), with and without a sink,
+split counts 1, 2, 3, 4, 8 and automatic, MTP rows, the encoding flag proven to matter, poisoned records,
+the inverse-RoPE epilogue, bad indices, and the usual op checks. CPU kernel so far.
+
+Tolerance: the kernel and the reference decode the same key bytes to the same values; they differ in the
+order of their fp32 sums (512-term dot products, the softmax sums, the split reduce), a relative error of
+a few 1e-6 before the one bf16 rounding of the output. atol = rtol = 2e-2 as in spec §7 would hide a 1%
+error; the tests assert rtol = 1e-2 on top of one bf16 ULP of absolute slack (2^-8 of the row's largest
+value), tighter than the spec asks."""
+
+import pytest
+import torch
+
+import dsv4ops
+from dsv4ops import Fp8Format
+from dsv4ops.reference import sparse_mla as reference
+
+WINDOW = 128
+SCALE = 512 ** -0.5
+
+
+def written_cache(tokens, block_size, fmt, seed, magnitude=1.0):
+    """A cache holding `tokens` random rotated K rows at slots 0..tokens-1, written by dsv4ops."""
+    blocks = -(-tokens // block_size) + 1
+    cache = torch.zeros(blocks, block_size * 584, dtype=torch.uint8)
+    k = (torch.randn(tokens, 512, generator=torch.Generator().manual_seed(seed)) * magnitude).to(torch.bfloat16)
+    dsv4ops.quantize_and_insert_k_cache(k, cache, torch.arange(tokens), block_size, fmt)
+    return cache
+
+
+def ragged(lists):
+    indptr = [0]
+    for row in lists:
+        indptr.append(indptr[-1] + len(row))
+    flat = [i for row in lists for i in row]
+    return torch.tensor(flat, dtype=torch.int32), torch.tensor(indptr, dtype=torch.int32)
+
+
+def decode_rows(positions, ratio, topk=None, seed=0):
+    """Per query row at absolute position p: the SWA window slots max(0, p-127)..p, and the compressed slots
+    of its layer type (none, C4A: up to `topk` of the (p+1)//4 committed entries, C128A: all (p+1)//128)."""
+    g = torch.Generator().manual_seed(seed)
+    main, extra = [], []
+    for p in positions:
+        main.append(list(range(max(0, p - WINDOW + 1), p + 1)))
+        committed = (p + 1) // ratio if ratio > 1 else 0
+        if ratio == 4:
+            chosen = torch.randperm(committed, generator=g)[: min(topk, committed)].tolist()
+            extra.append(chosen)
+        else:
+            extra.append(list(range(committed)))
+    return ragged(main), ragged(extra)
+
+
+def assert_close_to_reference(got, want):
+    got, want = got.float(), want.float()
+    slack = want.abs().amax(dim=-1, keepdim=True) * 2.0**-8
+    excess = (got - want).abs() - (1e-2 * want.abs() + slack)
+    assert float(excess.max()) <= 0, f"worst excess {float(excess.max())}"
+
+
+def run(q, main, extra, caches, formats, block_sizes, sink, num_splits=0, **kwargs):
+    (main_idx, main_ptr), extra_pair = main, extra
+    extra_cache = caches[1] if extra_pair is not None else None
+    extra_idx, extra_ptr = extra_pair if extra_pair is not None else (None, None)
+    got = dsv4ops.sparse_mla_decode(q, caches[0], main_idx, main_ptr, block_sizes[0], extra_cache, extra_idx,
+                                    extra_ptr, block_sizes[1], sink, SCALE, formats[0], formats[1], num_splits, **kwargs)
+    want = reference.sparse_mla_decode(q, caches[0], main_idx, main_ptr, block_sizes[0], extra_cache, extra_idx,
+                                       extra_ptr, block_sizes[1], sink, SCALE, formats[0], formats[1],
+                                       kwargs.get("cos_sin"), kwargs.get("positions"))
+    return got, want
+
+
+LAYERS = [pytest.param(1, None, id="swa"), pytest.param(4, 16, id="c4a"), pytest.param(128, None, id="c128a")]
+
+
+@pytest.mark.parametrize("ratio,topk", LAYERS)
+@pytest.mark.parametrize("main_fmt", [Fp8Format.OCP, Fp8Format.FNUZ])
+@pytest.mark.parametrize("with_sink", [False, True])
+@pytest.mark.parametrize("num_splits", [0, 1, 2, 3, 4, 8])
+def test_matches_reference(ratio, topk, main_fmt, with_sink, num_splits):
+    heads, positions = 5, [0, 3, 130, 700, 1023]  # H not a multiple of 16; windows shorter than 128 included
+    main_cache = written_cache(1024, 64, main_fmt, seed=1)
+    extra_cache = written_cache(256, 16, Fp8Format.OCP, seed=2)  # compressed: OCP on every platform
+    main, extra = decode_rows(positions, ratio, topk, seed=3)
+    q = torch.randn(len(positions), heads, 512, generator=torch.Generator().manual_seed(4)).to(torch.bfloat16)
+    sink = torch.randn(heads, generator=torch.Generator().manual_seed(5)) if with_sink else None
+    got, want = run(q, main, extra if ratio > 1 else None, (main_cache, extra_cache), (main_fmt, Fp8Format.OCP),
+                    (64, 16), sink, num_splits)
+    assert_close_to_reference(got, want)
+
+
+def test_split_counts_agree_with_each_other():
+    main_cache = written_cache(512, 64, Fp8Format.OCP, seed=6)
+    main, _ = decode_rows([511, 200], 1, seed=7)
+    q = torch.randn(2, 8, 512, generator=torch.Generator().manual_seed(8)).to(torch.bfloat16)
+    outs = [dsv4ops.sparse_mla_decode(q, main_cache, *main, 64, main_format="ocp", num_splits=s) for s in (1, 2, 3, 8)]
+    for other in outs[1:]:
+        torch.testing.assert_close(other.float(), outs[0].float(), rtol=1e-2, atol=2e-3)
+
+
+def test_mtp_rows_have_their_own_windows():
+    """Several query rows of one request (MTP drafts at p, p+1, p+2): each attends over its own window."""
+    main_cache = written_cache(400, 64, Fp8Format.FNUZ, seed=9)
+    main, _ = decode_rows([300, 301, 302], 1)
+    q = torch.randn(3, 4, 512, generator=torch.Generator().manual_seed(10)).to(torch.bfloat16)
+    q[1] = q[0]
+    got, want = run(q, main, None, (main_cache, None), (Fp8Format.FNUZ, Fp8Format.OCP), (64, 64), None)
+    assert_close_to_reference(got, want)
+    assert not torch.equal(got[0], got[1]), "rows 0 and 1 share q but not their windows"
+
+
+def test_wrong_encoding_flag_is_measurably_wrong():
+    """A FNUZ-written SWA cache read as OCP (or an OCP compressed cache read as FNUZ) scales every NoPE dim
+    by about 2: the output moves far outside the tolerance; the right flags pass (spec §8)."""
+    main_cache = written_cache(256, 64, Fp8Format.FNUZ, seed=11)
+    extra_cache = written_cache(64, 16, Fp8Format.OCP, seed=12)
+    main, extra = decode_rows([255], 4, topk=32)
+    q = torch.randn(1, 8, 512, generator=torch.Generator().manual_seed(13)).to(torch.bfloat16)
+    right, want = run(q, main, extra, (main_cache, extra_cache), (Fp8Format.FNUZ, Fp8Format.OCP), (64, 16), None)
+    assert_close_to_reference(right, want)
+    for formats in ((Fp8Format.OCP, Fp8Format.OCP), (Fp8Format.FNUZ, Fp8Format.FNUZ)):
+        wrong, _ = run(q, main, extra, (main_cache, extra_cache), formats, (64, 16), None)
+        relative = float((wrong.float() - right.float()).norm() / right.float().norm())
+        assert relative > 0.1, f"{formats}: the flag made only a {relative:.3f} difference"
+
+
+def test_poisoned_records():
+    """A record with scale byte 255 and a NaN RoPE value: no NaN anywhere; rows that select it treat its
+    NaN dims as 0 (a defined result, equal to the reference); rows that do not select it are unaffected."""
+    main_cache = written_cache(128, 64, Fp8Format.OCP, seed=14)
+    clean = main_cache.clone()
+    record = 5
+    main_cache[0, 64 * 576 + record * 8 + 2] = 255  # scale byte of NoPE block 2 of slot 5
+    main_cache[0, record * 576 + 448 : record * 576 + 450] = torch.tensor([0xC0, 0x7F], dtype=torch.uint8)  # NaN
+    q = torch.randn(2, 4, 512, generator=torch.Generator().manual_seed(15)).to(torch.bfloat16)
+    indices, indptr = ragged([[3, 4, 5, 6], [3, 4, 6]])
+    got = dsv4ops.sparse_mla_decode(q, main_cache, indices, indptr, 64, main_format="ocp")
+    assert not bool(torch.isnan(got).any())
+    want = reference.sparse_mla_decode(q, main_cache, indices, indptr, 64, None, None, None, 64, None, SCALE, 0)
+    assert_close_to_reference(got, want)
+    unpoisoned = dsv4ops.sparse_mla_decode(q, clean, indices, indptr, 64, main_format="ocp")
+    assert torch.equal(got[1], unpoisoned[1])
+
+
+def test_empty_rows_bad_slots_and_sink_only():
+    main_cache = written_cache(64, 64, Fp8Format.OCP, seed=16)
+    q = torch.randn(4, 3, 512, generator=torch.Generator().manual_seed(17)).to(torch.bfloat16)
+    # row 0: nothing; row 1: only bad slots (negative, past capacity, huge); row 2: one good slot among them
+    indices, indptr = ragged([[], [-1, 128, 2**30], [-7, 10, 500], [11]])
+    sink = torch.tensor([0.0, float("-inf"), 5.0])
+    got = dsv4ops.sparse_mla_decode(q, main_cache, indices, indptr, 64, attn_sink=sink, main_format="ocp")
+    assert bool((got[:2] == 0).all()), "rows without valid keys are zero, sink or not"
+    want = reference.sparse_mla_decode(q, main_cache, indices, indptr, 64, None, None, None, 64, sink, SCALE, 0)
+    assert_close_to_reference(got, want)
+    # a sink of -inf is no sink
+    no_sink = dsv4ops.sparse_mla_decode(q, main_cache, indices, indptr, 64, main_format="ocp")
+    torch.testing.assert_close(got[:, 1], no_sink[:, 1], rtol=0, atol=0)
+
+
+def test_indptr_outside_the_index_list_is_clamped():
+    main_cache = written_cache(64, 64, Fp8Format.OCP, seed=18)
+    q = torch.randn(2, 2, 512, generator=torch.Generator().manual_seed(19)).to(torch.bfloat16)
+    indices = torch.tensor([1, 2, 3], dtype=torch.int32)
+    got = dsv4ops.sparse_mla_decode(q, main_cache, indices, torch.tensor([-5, 2, 99], dtype=torch.int32), 64,
+                                    main_format="ocp")
+    want = dsv4ops.sparse_mla_decode(q, main_cache, indices, torch.tensor([0, 2, 3], dtype=torch.int32), 64,
+                                     main_format="ocp")
+    assert torch.equal(got, want)
+
+
+def test_inverse_rope_epilogue():
+    main_cache = written_cache(256, 64, Fp8Format.OCP, seed=20)
+    main, _ = decode_rows([100, 255], 1)
+    q = torch.randn(2, 4, 512, generator=torch.Generator().manual_seed(21)).to(torch.bfloat16)
+    theta = torch.randn(512, 32, generator=torch.Generator().manual_seed(22))
+    cos_sin = torch.cat([theta.cos(), theta.sin()], dim=1)
+    positions = torch.tensor([100, 255])
+    fused = dsv4ops.sparse_mla_decode(q, main_cache, *main, 64, main_format="ocp", cos_sin=cos_sin,
+                                      positions=positions)
+    plain = dsv4ops.sparse_mla_decode(q, main_cache, *main, 64, main_format="ocp")
+    assert torch.equal(fused[..., :448], plain[..., :448])
+    torch.testing.assert_close(fused.float(), dsv4ops.inverse_rope(plain, positions, cos_sin).float(), rtol=1e-2,
+                               atol=2e-2)
+    got, want = run(q, main, None, (main_cache, None), (Fp8Format.OCP, Fp8Format.OCP), (64, 64), None, cos_sin=cos_sin,
+                    positions=positions)
+    assert_close_to_reference(got, want)
+
+
+def test_zero_tokens_and_invalid_inputs():
+    main_cache = written_cache(64, 64, Fp8Format.OCP, seed=23)
+    empty = torch.empty(0, 4, 512, dtype=torch.bfloat16)
+    out = dsv4ops.sparse_mla_decode(empty, main_cache, torch.empty(0, dtype=torch.int32),
+                                    torch.zeros(1, dtype=torch.int32), 64, main_format="ocp")
+    assert out.shape == (0, 4, 512)
+    q = torch.zeros(2, 4, 512, dtype=torch.bfloat16)
+    idx, ptr = ragged([[0], [1]])
+    call = lambda **o: torch.ops.dsv4.sparse_mla_decode(  # noqa: E731
+        o.get("q", q), o.get("cache", main_cache), o.get("idx", idx), o.get("ptr", ptr), 64, o.get("extra"), None,
+        None, 16, o.get("sink"), o.get("scale", SCALE), 0, 0, o.get("splits", 0), o.get("cos_sin"), o.get("positions"),
+        out=o.get("out", torch.empty_like(q)))
+    for kwargs, match in [
+        (dict(q=q.float()), "q must have dtype bfloat16"),
+        (dict(ptr=ptr[:2]), "indptr must have 3 entries"),
+        (dict(idx=idx.long()), "indices must have dtype int32"),
+        (dict(sink=torch.zeros(2)), "attn_sink must be 1-D with at least 4 entries"),
+        (dict(scale=0.0), "scale must be finite and positive"),
+        (dict(splits=65), r"num_splits must be in \[0, 64\]"),
+        (dict(extra=main_cache), "extra_cache, extra_indices and extra_indptr come together"),
+        (dict(cos_sin=torch.zeros(8, 64)), "cos_sin and positions come together"),
+        (dict(out=torch.empty(2, 3, 512, dtype=torch.bfloat16)), "out must have q's shape"),
+        (dict(cache=main_cache[:, :1000]), "cannot hold block_size=64 records|must be contiguous"),
+    ]:
+        with pytest.raises(RuntimeError, match=match):
+            call(**kwargs)
+
+
+def test_opcheck_and_compile():
+    main_cache = written_cache(128, 64, Fp8Format.OCP, seed=24)
+    extra_cache = written_cache(32, 16, Fp8Format.OCP, seed=25)
+    main, extra = decode_rows([60, 127], 4, topk=8)
+    q = torch.randn(2, 4, 512, generator=torch.Generator().manual_seed(26)).to(torch.bfloat16)
+    sink = torch.randn(4)
+    args = (q, main_cache, *main, 64, extra_cache, *extra, 16, sink, SCALE, 0, 0, 2, None, None)
+    torch.library.opcheck(torch.ops.dsv4.sparse_mla_decode.default, args, {"out": torch.empty_like(q)})
+
+    def f(q):
+        out = torch.empty_like(q)
+        torch.ops.dsv4.sparse_mla_decode(q * 1, *args[1:], out=out)
+        return out
+
+    assert torch.equal(torch.compile(f, fullgraph=True)(q), f(q))
