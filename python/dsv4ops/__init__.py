@@ -28,6 +28,7 @@ from .kv_cache import (
     quantize_and_insert_k_cache,
 )
 from .mhc import hc_head, mhc_fused_post_pre, mhc_post, mhc_pre
+from .indexer import fp8_mqa_logits, fp8_paged_mqa_logits, topk_per_row_decode, topk_per_row_prefill
 from .sparse_mla import sparse_mla_decode
 from .wo_a import bmm_a8w8_mxscale, inverse_rope, inverse_rope_group_quant, prepare_wo_a, wo_a_forward
 from .platform import Fp8Format, build_info, device_arch, fp8_dtype, fp8_format, quant_max
@@ -47,6 +48,8 @@ __all__ = [
     "fp8_dtype",
     "fp8_encode",
     "fp8_format",
+    "fp8_mqa_logits",
+    "fp8_paged_mqa_logits",
     "hc_head",
     "inverse_rope",
     "inverse_rope_group_quant",
@@ -62,6 +65,8 @@ __all__ = [
     "quant_max",
     "quantize_and_insert_k_cache",
     "sparse_mla_decode",
+    "topk_per_row_decode",
+    "topk_per_row_prefill",
     "ue8m0_to_float",
     "wo_a_forward",
 ]

@@ -19,7 +19,8 @@ OPS = ("ue8m0_to_float", "float_to_ue8m0_lossless", "fp8_encode", "fp8_block_deq
        "qnorm_rope_kv_insert", "qnorm_rope_kv_insert_full_cache_bf16", "qnorm_rope_kv_insert_full_cache_fp8",
        "kv_rope_quant_insert", "kv_norm_rope_quant_insert", "quantize_and_insert_k_cache",
        "dequantize_and_gather_k_cache", "mhc_pre", "mhc_post", "mhc_fused_post_pre", "hc_head",
-       "inverse_rope_group_quant", "inverse_rope", "bmm_a8w8_mxscale", "sparse_mla_decode")
+       "inverse_rope_group_quant", "inverse_rope", "bmm_a8w8_mxscale", "sparse_mla_decode",
+       "fp8_mqa_logits", "fp8_paged_mqa_logits", "topk_per_row_prefill", "topk_per_row_decode")
 
 
 def info(out=sys.stdout) -> int:

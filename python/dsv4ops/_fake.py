@@ -149,3 +149,23 @@ def _sparse_mla_decode(q, main_cache, main_indices, main_indptr, main_block_size
                        extra_indptr, extra_block_size, attn_sink, scale, main_format, extra_format, num_splits, cos_sin,
                        positions, *, out):
     return None
+
+
+@torch.library.register_fake("dsv4::fp8_mqa_logits")
+def _fp8_mqa_logits(q, k, k_scale, weights, cu_seqlen_ks, cu_seqlen_ke, clean_logits):
+    return q.new_empty((q.shape[0], k.shape[0]), dtype=torch.float32)
+
+
+@torch.library.register_fake("dsv4::fp8_paged_mqa_logits")
+def _fp8_paged_mqa_logits(q, kv_cache, weights, context_lens, block_tables, max_model_len, clean_logits, kv_format):
+    return q.new_empty((q.shape[0] * q.shape[1], max_model_len), dtype=torch.float32)
+
+
+@torch.library.register_fake("dsv4::topk_per_row_prefill")
+def _topk_per_row_prefill(logits, ks, ke, k, stable, *, out):
+    return None
+
+
+@torch.library.register_fake("dsv4::topk_per_row_decode")
+def _topk_per_row_decode(logits, lens, k, stable, *, out):
+    return None

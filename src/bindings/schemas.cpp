@@ -83,4 +83,15 @@ STABLE_TORCH_LIBRARY(dsv4, m) {
       "Tensor? extra_cache, Tensor? extra_indices, Tensor? extra_indptr, int extra_block_size, Tensor? attn_sink, "
       "float scale, int main_format, int extra_format, int num_splits, Tensor? cos_sin, Tensor? positions, *, "
       "Tensor(a!) out) -> ()");
+
+  // Lightning indexer (spec/indexer.md): FP8 MQA logits (prefill), paged FP8 MQA logits (decode, MTP rows),
+  // per-row top-k. CPU kernels so far.
+  m.def(
+      "fp8_mqa_logits(Tensor q, Tensor k, Tensor k_scale, Tensor weights, Tensor cu_seqlen_ks, Tensor cu_seqlen_ke, "
+      "bool clean_logits) -> Tensor");
+  m.def(
+      "fp8_paged_mqa_logits(Tensor q, Tensor kv_cache, Tensor weights, Tensor context_lens, Tensor block_tables, "
+      "int max_model_len, bool clean_logits, int kv_format) -> Tensor");
+  m.def("topk_per_row_prefill(Tensor logits, Tensor ks, Tensor ke, int k, bool stable, *, Tensor(a!) out) -> ()");
+  m.def("topk_per_row_decode(Tensor logits, Tensor lens, int k, bool stable, *, Tensor(a!) out) -> ()");
 }

@@ -14,3 +14,4 @@ from .fp8 import (  # noqa: F401
 from .mhc import hc_head, mhc_fused_post_pre, mhc_post, mhc_pre, sinkhorn  # noqa: F401
 from .wo_a import bmm_a8w8_mxscale, inverse_rope, inverse_rope_group_quant  # noqa: F401
 from .sparse_mla import sparse_mla_decode  # noqa: F401
+from .indexer import fp8_mqa_logits, fp8_paged_mqa_logits, topk_per_row_decode, topk_per_row_prefill  # noqa: F401
