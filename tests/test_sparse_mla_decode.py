@@ -163,11 +163,45 @@ def test_indptr_outside_the_index_list_is_clamped():
     main_cache = written_cache(64, 64, Fp8Format.OCP, seed=18)
     q = torch.randn(2, 2, 512, generator=torch.Generator().manual_seed(19)).to(torch.bfloat16)
     indices = torch.tensor([1, 2, 3], dtype=torch.int32)
-    got = dsv4ops.sparse_mla_decode(q, main_cache, indices, torch.tensor([-5, 2, 99], dtype=torch.int32), 64,
-                                    main_format="ocp")
+    wild = torch.tensor([-5, 2, 99], dtype=torch.int32)
+    got = dsv4ops.sparse_mla_decode(q, main_cache, indices, wild, 64, main_format="ocp")
     want = dsv4ops.sparse_mla_decode(q, main_cache, indices, torch.tensor([0, 2, 3], dtype=torch.int32), 64,
                                      main_format="ocp")
     assert torch.equal(got, want)
+    assert_close_to_reference(got, reference.sparse_mla_decode(q, main_cache, indices, wild, 64, None, None, None, 64,
+                                                               None, SCALE, 0))
+
+
+def test_non_finite_sinks():
+    """A NaN sink counts as no sink; a +inf sink takes all the weight (zeros); the reference agrees."""
+    main_cache = written_cache(64, 64, Fp8Format.OCP, seed=27)
+    q = torch.randn(1, 3, 512, generator=torch.Generator().manual_seed(28)).to(torch.bfloat16)
+    indices, indptr = ragged([[1, 2, 3]])
+    sink = torch.tensor([float("nan"), float("inf"), 0.5])
+    got = dsv4ops.sparse_mla_decode(q, main_cache, indices, indptr, 64, attn_sink=sink, main_format="ocp")
+    no_sink = dsv4ops.sparse_mla_decode(q, main_cache, indices, indptr, 64, main_format="ocp")
+    assert torch.equal(got[0, 0], no_sink[0, 0])
+    assert bool((got[0, 1] == 0).all())
+    want = reference.sparse_mla_decode(q, main_cache, indices, indptr, 64, None, None, None, 64, sink, SCALE, 0)
+    assert not bool(torch.isnan(want).any())
+    assert_close_to_reference(got, want)
+
+
+def test_block_size_must_match_a_584_byte_record_view_and_padded_blocks_read():
+    main_cache = written_cache(128, 64, Fp8Format.OCP, seed=29)
+    view = main_cache.view(main_cache.shape[0], 64, 584)
+    q = torch.randn(1, 2, 512, generator=torch.Generator().manual_seed(30)).to(torch.bfloat16)
+    indices, indptr = ragged([[0, 70]])
+    with pytest.raises(RuntimeError, match=r"is a \[num_blocks, 64, 584\] view but block_size is 16"):
+        dsv4ops.sparse_mla_decode(q, view, indices, indptr, 16, main_format="ocp")
+    # blocks 64 * 584 + 64 bytes apart, the storage ending right after the last block's records
+    padded_storage = torch.zeros(main_cache.shape[0] * (64 * 584 + 64) - 64, dtype=torch.uint8)
+    padded = padded_storage.as_strided((main_cache.shape[0], 64 * 584), (64 * 584 + 64, 1))
+    padded.copy_(main_cache)
+    got = dsv4ops.sparse_mla_decode(q, padded, indices, indptr, 64, main_format="ocp")
+    assert torch.equal(got, dsv4ops.sparse_mla_decode(q, main_cache, indices, indptr, 64, main_format="ocp"))
+    assert_close_to_reference(got, reference.sparse_mla_decode(q, padded, indices, indptr, 64, None, None, None, 64,
+                                                               None, SCALE, 0))
 
 
 def test_inverse_rope_epilogue():

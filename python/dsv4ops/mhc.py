@@ -65,8 +65,13 @@ def register_backend(name: str, adapter: Optional[object]) -> None:
         _adapters[name] = adapter
 
 
-def external_available(name: str) -> bool:
-    return name in _adapters and importlib.util.find_spec(EXTERNAL_MODULES[name]) is not None
+def external_available(name: str, op: Optional[str] = None) -> bool:
+    """An external backend serves `op` when its module is importable and its registered adapter has the op
+    (AITER has no hc_head, for one)."""
+    adapter = _adapters.get(name)
+    if adapter is None or importlib.util.find_spec(EXTERNAL_MODULES[name]) is None:
+        return False
+    return op is None or callable(getattr(adapter, op, None))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -109,16 +114,24 @@ def _kernel_fit(residual: torch.Tensor, tensors: Sequence[Optional[torch.Tensor]
     for t in tensors:
         if t is not None and t.device != residual.device:
             return "the kernel needs every tensor on the residual's device"
+    for t in (residual,) + tuple(t for t in tensors if t is not None and t.dim() >= 2 or t is not None and
+                                 t.dtype == torch.bfloat16):
+        if t.is_contiguous() and t.data_ptr() % 16:  # a non-contiguous tensor is copied to aligned memory
+            return "the kernel needs 16-byte aligned rows (residual, x, fn, norm_weight)"
     return None
 
 
-def _choose(op: str, residual: torch.Tensor, tensors: Sequence[Optional[torch.Tensor]]) -> str:
+def _choose(op: str, residual: torch.Tensor, tensors: Sequence[Optional[torch.Tensor]],
+            norm_weight: Optional[torch.Tensor] = None) -> str:
     fit = _kernel_fit(residual, tensors)
+    if fit is None and norm_weight is not None and norm_weight.dtype != torch.bfloat16:
+        fit = f"the kernel takes a bf16 norm_weight, got {norm_weight.dtype}"
     decision = dispatch.decide(op, residual.device, lambda: fit)
     arch = platform.device_arch(residual.device)
     hidden = residual.shape[2] if residual.dim() == 3 else 0
     choice = select_backend(arch, residual.shape[1] if residual.dim() == 3 else 0, hidden,
-                            None if decision.uses_kernel else decision.reason, external_available)
+                            None if decision.uses_kernel else decision.reason,
+                            lambda name: external_available(name, op))
     if choice.backend == "reference":
         dispatch.record(decision)  # counts the fallback and logs why the kernel could not serve it
     if choice.backend != "dsv4ops":
@@ -139,12 +152,12 @@ def mhc_pre(residual: torch.Tensor, fn: torch.Tensor, scale: torch.Tensor, base:
     """spec §2: residual bf16 [T, 4, hidden], fn fp32 [24, 4*hidden], scale [3], base [24] ->
     (post_mix [T, 4, 1] fp32, comb_mix [T, 4, 4] fp32, layer_input [T, hidden] bf16). With norm_weight
     (bf16 [hidden]) layer_input is also RMS-normalized with that weight (fp32, one bf16 rounding)."""
-    backend = _choose("mhc_pre", residual, (fn, scale, base, norm_weight))
+    backend = _choose("mhc_pre", residual, (fn, scale, base, norm_weight), norm_weight)
     if backend == "dsv4ops":
         return torch.ops.dsv4.mhc_pre(residual.contiguous(), _float32(fn), _float32(scale), _float32(base),
                                       float(rms_eps), float(pre_eps), float(sinkhorn_eps), float(post_mult),
                                       int(sinkhorn_iters),
-                                      None if norm_weight is None else norm_weight.to(torch.bfloat16).contiguous(),
+                                      None if norm_weight is None else norm_weight.contiguous(),
                                       float(norm_eps))
     if backend != "reference":
         return _adapters[backend].mhc_pre(residual, fn, scale, base, rms_eps, pre_eps, sinkhorn_eps, post_mult,
@@ -171,12 +184,13 @@ def mhc_fused_post_pre(x: torch.Tensor, residual: torch.Tensor, post_mix: torch.
                        norm_eps: float = 1e-6):
     """spec §4: mhc_post, then the next sub-layer's mhc_pre on the bf16 new residual. Returns
     (residual_cur, post_mix_cur, comb_mix_cur, layer_input_cur)."""
-    backend = _choose("mhc_fused_post_pre", residual, (x, post_mix, comb_mix, fn, scale, base, norm_weight))
+    backend = _choose("mhc_fused_post_pre", residual, (x, post_mix, comb_mix, fn, scale, base, norm_weight),
+                      norm_weight)
     if backend == "dsv4ops":
         return torch.ops.dsv4.mhc_fused_post_pre(
             x.contiguous(), residual.contiguous(), _float32(post_mix), _float32(comb_mix), _float32(fn),
             _float32(scale), _float32(base), float(rms_eps), float(pre_eps), float(sinkhorn_eps), float(post_mult),
-            int(sinkhorn_iters), None if norm_weight is None else norm_weight.to(torch.bfloat16).contiguous(),
+            int(sinkhorn_iters), None if norm_weight is None else norm_weight.contiguous(),
             float(norm_eps))
     if backend != "reference":
         return _adapters[backend].mhc_fused_post_pre(x, residual, post_mix, comb_mix, fn, scale, base, rms_eps,

@@ -29,13 +29,16 @@ def sparse_mla_decode(q: torch.Tensor, main_cache: torch.Tensor, main_indices: t
     """q bf16 [T, H, 512] attends, per row and head, over the valid global slots main_indices[main_indptr[t]:
     main_indptr[t+1]] of main_cache and those of extra_cache (int32 ragged lists; negative or out-of-cache
     slots skipped), V = K, with the per-head sink logit attn_sink [>= H] enlarging the softmax denominator
-    only; rows without keys give zeros. With cos_sin [P, 64] and positions, dims 448..511 of the output are
+    only (a NaN sink counts as none, a +inf sink gives zeros); rows without keys give zeros; non-finite key
+    values read as 0. With cos_sin [P, 64] and positions, dims 448..511 of the output are
     rotated back (the fused inverse-RoPE epilogue). num_splits (0: automatic) cuts each row's keys into
     slices reduced at the end. Writes and returns out (bf16 [T, H, 512])."""
     main_fmt = Fp8Format.parse(main_format) if main_format is not None else device_fp8_format(main_cache.device)
     extra_fmt = Fp8Format.parse(extra_format)
     if out is None:
         out = torch.empty_like(q)
+    elif out.shape != q.shape or out.dtype != torch.bfloat16:
+        raise ValueError(f"out must be bf16 with q's shape {tuple(q.shape)}, got {out.dtype} {tuple(out.shape)}")
     if dispatch.choose("sparse_mla_decode", q.device).uses_kernel:
         torch.ops.dsv4.sparse_mla_decode(q, main_cache, main_indices, main_indptr, int(main_block_size), extra_cache,
                                          extra_indices, extra_indptr, int(extra_block_size), attn_sink, float(scale),

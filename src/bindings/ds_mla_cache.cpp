@@ -10,6 +10,8 @@ DsMlaCache checked_cache(const Tensor& cache, int64_t block_size, const char* op
                   shape_string(cache));
   STD_TORCH_CHECK(block_size > 0 && block_size <= std::numeric_limits<int32_t>::max(), op,
                   ": block_size must be in [1, 2^31 - 1], got ", block_size);
+  STD_TORCH_CHECK(!(cache.dim() == 3 && cache.size(2) == ds_mla::kRecordBytes) || cache.size(1) == block_size, op,
+                  ": ", arg, " is a [num_blocks, ", cache.size(1), ", 584] view but block_size is ", block_size);
   int64_t block_bytes = 1;
   for (int64_t d = cache.dim() - 1; d >= 1; --d) {
     STD_TORCH_CHECK(cache.size(d) == 1 || cache.stride(d) == block_bytes, op, ": ", arg,

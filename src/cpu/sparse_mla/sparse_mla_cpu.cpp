@@ -14,7 +14,8 @@ namespace {
 
 constexpr int kHeadDim = ds_mla::kHeadDim;
 
-// Record `slot` of `source` -> 512 fp32 values, every NaN (scale byte 255, NaN RoPE) replaced by 0.
+// Record `slot` of `source` -> 512 fp32 values, every non-finite value (scale byte 255, a NaN or Inf RoPE
+// value, an overflowing scale) replaced by 0.
 template <Fp8Format F>
 void decode_key(const SparseKeySource& source, int64_t slot, float* key) {
   const ds_mla::RecordAddress address = ds_mla::record_address(slot, source.block_size, source.block_stride);
@@ -28,7 +29,7 @@ void decode_key(const SparseKeySource& source, int64_t slot, float* key) {
   uint16_t rope[ds_mla::kRopeDim];
   std::memcpy(rope, data + ds_mla::kNopeDim, sizeof(rope));
   for (int i = 0; i < ds_mla::kRopeDim; ++i) key[ds_mla::kNopeDim + i] = bf16_bits_to_float(rope[i]);
-  for (int i = 0; i < kHeadDim; ++i) key[i] = key[i] != key[i] ? 0.0f : key[i];
+  for (int i = 0; i < kHeadDim; ++i) key[i] = std::isfinite(key[i]) ? key[i] : 0.0f;
 }
 
 void append_keys(const SparseKeySource& source, int64_t token, std::vector<float>& keys, int64_t& count) {
@@ -85,8 +86,10 @@ void sparse_mla_decode(const SparseMlaDecodeArgs& args, int64_t begin, int64_t e
         split_max[s] = m;
         split_sum[s] = l;
       }
-      // Reduce with the sink: it enlarges the denominator only.
-      const float sink = args.sink != nullptr ? args.sink[h] : -INFINITY;
+      // Reduce with the sink: it enlarges the denominator only. A NaN sink counts as no sink; a +inf sink
+      // takes all the weight (zeros, through the denominator check below).
+      float sink = args.sink != nullptr ? args.sink[h] : -INFINITY;
+      sink = sink != sink ? -INFINITY : sink;
       float m_all = sink;
       for (int s = 0; s < args.num_splits; ++s) m_all = std::fmax(m_all, split_max[s]);
       float denominator = std::exp(sink - m_all);
@@ -96,7 +99,7 @@ void sparse_mla_decode(const SparseMlaDecodeArgs& args, int64_t begin, int64_t e
         denominator += weight * split_sum[s];
         for (int i = 0; i < kHeadDim; ++i) out[i] += weight * acc[s * kHeadDim + i];
       }
-      const bool empty = count == 0 || !(denominator > 0.0f);
+      const bool empty = count == 0 || !(denominator > 0.0f) || sink == INFINITY;
       for (int i = 0; i < kHeadDim; ++i) out[i] = empty ? 0.0f : out[i] / denominator;
       if (args.inverse_rope) {
         const int64_t row = args.rope.row_of(t);
