@@ -153,7 +153,7 @@ def test_paged_logits_match_reference_and_the_contiguous_op(next_n, lens_shape, 
         lens = (base[:, None] - torch.arange(next_n, dtype=torch.int32)[None, :] * 3).contiguous()
     q = fp8_tensor((batch, next_n, heads, dim), dtype, seed=9)
     weights = torch.randn(batch * next_n, heads, generator=torch.Generator().manual_seed(10))
-    got = dsv4ops.fp8_paged_mqa_logits(q, cache, weights, lens, table, max_len)
+    got = dsv4ops.fp8_paged_mqa_logits(q, cache, weights, lens, table, max_len, kv_format=dtype)
     want = reference.fp8_paged_mqa_logits(q, cache, weights, lens, table, max_len)
     assert got.shape == (batch * next_n, max_len)
     assert_logits_match(got, want)
@@ -255,3 +255,27 @@ def test_invalid_inputs_and_op_checks():
         return out
 
     assert torch.equal(torch.compile(f, fullgraph=True)(logits), f(logits))
+
+
+def test_paged_default_reads_the_cache_as_ocp_with_fnuz_q():
+    """gfx942's pairing: FNUZ indexer Q, OCP indexer K (the writer's encoding on every platform)."""
+    dim = 64
+    cache, table, contiguous = paged_cache([90], 32, dim, torch.float8_e4m3fn, seed=40)
+    q = fp8_tensor((1, 1, 8, dim), torch.float8_e4m3fnuz, seed=41)
+    weights = torch.randn(1, 8, generator=torch.Generator().manual_seed(42))
+    lens = torch.tensor([90], dtype=torch.int32)
+    got = dsv4ops.fp8_paged_mqa_logits(q, cache, weights, lens, table, 96)
+    k, scales = contiguous[0]
+    want = reference.fp8_mqa_logits(q.reshape(1, 8, dim), k, scales, weights, torch.zeros(1, dtype=torch.int32),
+                                    torch.full((1,), 90, dtype=torch.int32))
+    assert_logits_match(got[:, :90], want)
+    misread = dsv4ops.fp8_paged_mqa_logits(q, cache, weights, lens, table, 96, kv_format="fnuz")
+    assert float((misread[:, :90] - got[:, :90]).abs().max()) > 0.1 * float(got[:, :90].abs().max())
+
+
+def test_strided_k_rows_are_refused():
+    q = fp8_tensor((2, 4, 32), torch.float8_e4m3fn, seed=43)
+    big = fp8_tensor((1, 64), torch.float8_e4m3fn, seed=44)
+    with pytest.raises(RuntimeError, match=r"k must have shape \[N, 32\] with D contiguous"):
+        torch.ops.dsv4.fp8_mqa_logits(q, big[:, ::2], torch.ones(1), torch.ones(2, 4), torch.zeros(2, dtype=torch.int32),
+                                      torch.ones(2, dtype=torch.int32), True)

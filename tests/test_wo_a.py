@@ -37,15 +37,15 @@ def attention_output(s, heads, seed=1, log_normal=False):
 
 
 @pytest.mark.parametrize("fmt,qmax", FORMAT_MAXES)
-@pytest.mark.parametrize("heads,groups", [(8, 1), (16, 2), (32, 4), (64, 8), (128, 16)])
+@pytest.mark.parametrize("heads,groups", [(8, 1), (16, 2), (32, 4), (64, 8), (128, 16), (16, 1), (32, 2)])
 @pytest.mark.parametrize("s", [0, 1, 3, 17, 129])
-@pytest.mark.parametrize("rotated", [True, False])
-def test_group_quant_bytes_match_reference(fmt, qmax, heads, groups, s, rotated):
+@pytest.mark.parametrize("apply_inverse_rope", [True, False])
+def test_group_quant_bytes_match_reference(fmt, qmax, heads, groups, s, apply_inverse_rope):
     o = attention_output(s, heads, seed=s)
     positions = torch.arange(s) * 37 - 5  # negative and past-the-table positions are clamped
     cos_sin = rope_table(1024)
-    got = torch.ops.dsv4.inverse_rope_group_quant(o, positions, cos_sin, groups, 128, int(fmt), qmax, rotated)
-    want = reference.inverse_rope_group_quant(o, positions, cos_sin, groups, 128, fmt, qmax, rotated)
+    got = torch.ops.dsv4.inverse_rope_group_quant(o, positions, cos_sin, groups, 128, int(fmt), qmax, apply_inverse_rope)
+    want = reference.inverse_rope_group_quant(o, positions, cos_sin, groups, 128, fmt, qmax, apply_inverse_rope)
     assert got[0].shape == (s, groups, heads * 512 // groups) and got[0].dtype == fmt.torch_dtype
     assert got[1].shape == (s, groups, heads * 512 // groups // 128) and got[1].dtype == torch.uint8
     assert_bytes_equal(got[0], want[0])
@@ -280,16 +280,22 @@ def test_fp8_path_tracks_bf16_path(groups, t):
     assert bf16_plan.path == "bf16" and bf16_plan.reason.startswith("dtype:")
     o = attention_output(t, groups * 8, seed=13, log_normal=True)
     positions = torch.arange(t) + 100
-    z8 = dsv4ops.wo_a_forward(o, positions, fp8_plan, rotated=True)
-    z16 = dsv4ops.wo_a_forward(o, positions, bf16_plan, rotated=True)
+    z8 = dsv4ops.wo_a_forward(o, positions, fp8_plan, apply_inverse_rope=True)
+    z16 = dsv4ops.wo_a_forward(o.to(torch.float16), positions, bf16_plan, apply_inverse_rope=True)
+    assert z16.dtype == torch.float16
+    z16 = z16.to(torch.bfloat16)
     assert z8.shape == z16.shape == (t, groups * 1024) and z8.dtype == torch.bfloat16
     a, b = z8.double().flatten(), z16.double().flatten()
     assert float((a - b).norm() / b.norm()) < 0.05
     assert float(torch.dot(a, b) / (a.norm() * b.norm())) > 0.998
-    # rotated=False on already-unrotated input gives the same result
+    # apply_inverse_rope=False on input the attention already rotated back: the same result on both paths
     unrotated = dsv4ops.inverse_rope(o, positions, cos_sin)
-    torch.testing.assert_close(dsv4ops.wo_a_forward(unrotated, positions, bf16_plan, rotated=False), z16, rtol=0,
-                               atol=0)
+    bf16_again = dsv4ops.prepare_wo_a(weight, scale, groups, 1024, cos_sin, "cpu", activation_dtype=torch.float32)
+    torch.testing.assert_close(dsv4ops.wo_a_forward(unrotated, positions, bf16_again, apply_inverse_rope=False),
+                               dsv4ops.wo_a_forward(o, positions, bf16_again, apply_inverse_rope=True), rtol=0, atol=0)
+    z8_unrotated = dsv4ops.wo_a_forward(unrotated, positions, fp8_plan, apply_inverse_rope=False)
+    a, b = z8_unrotated.double().flatten(), z8.double().flatten()
+    assert float((a - b).norm() / b.norm()) < 0.02  # the same product up to one extra bf16 rounding of the input
 
 
 def test_prepare_on_an_fnuz_device_normalizes_the_weight():
@@ -300,8 +306,8 @@ def test_prepare_on_an_fnuz_device_normalizes_the_weight():
     assert fnuz.path == "fp8" and fnuz.weight.dtype == torch.float8_e4m3fnuz and fnuz.quant_max == 224.0
     assert torch.equal(fnuz.weight_scale, ocp.weight_scale + 1)
     o = attention_output(4, 16, seed=15)
-    z_ocp = dsv4ops.wo_a_forward(o, torch.arange(4), ocp, rotated=True)
-    z_fnuz = dsv4ops.wo_a_forward(o, torch.arange(4), fnuz, rotated=True)
+    z_ocp = dsv4ops.wo_a_forward(o, torch.arange(4), ocp, apply_inverse_rope=True)
+    z_fnuz = dsv4ops.wo_a_forward(o, torch.arange(4), fnuz, apply_inverse_rope=True)
     a, b = z_fnuz.double().flatten(), z_ocp.double().flatten()
     assert float((a - b).norm() / b.norm()) < 0.05
 
@@ -357,3 +363,42 @@ def test_weight_scale_conversion(scale, expected):
     else:
         assert converted.dtype == torch.uint8 and converted.is_contiguous()
         assert converted.tolist() == expected
+
+
+def test_out_form_refuses_a_buffer_of_the_other_encoding():
+    o = attention_output(2, 8, seed=31)
+    with pytest.raises(RuntimeError, match="x_fp8 must have dtype float8_e4m3fnuz or uint8"):
+        torch.ops.dsv4.inverse_rope_group_quant.out(o, torch.arange(2), rope_table(8), 1, 128, 1, 224.0, True,
+                                                    x_fp8=torch.empty(2, 1, 4096, dtype=torch.float8_e4m3fn),
+                                                    x_scale=torch.empty(2, 1, 32, dtype=torch.uint8))
+
+
+def test_reference_path_serves_the_wrappers(monkeypatch):
+    """With every kernel disabled the wrappers give the reference's results (the path GPU calls take until
+    the GPU kernels exist)."""
+    o = attention_output(3, 16, seed=32)
+    positions, cos_sin = torch.arange(3), rope_table(8)
+    kernel = dsv4ops.inverse_rope_group_quant(o, positions, cos_sin, 2, fp8_format="ocp")
+    w, w_scale = quantized_weight(2, 128, 4096, seed=33)
+    kernel_gemm = dsv4ops.bmm_a8w8_mxscale(kernel[0], w, kernel[1], w_scale, torch.float32)
+    monkeypatch.setenv("DSV4OPS_DISABLE", "all")
+    fallback = dsv4ops.inverse_rope_group_quant(o, positions, cos_sin, 2, fp8_format="ocp")
+    assert_bytes_equal(fallback[0], kernel[0])
+    assert_bytes_equal(fallback[1], kernel[1])
+    assert_gemm_close(dsv4ops.bmm_a8w8_mxscale(fallback[0], w, fallback[1], w_scale, torch.float32), kernel_gemm)
+    with pytest.raises(ValueError, match="positions must be 1-D with >= S entries"):
+        dsv4ops.inverse_rope_group_quant(o, positions[:1], cos_sin, 2, fp8_format="ocp")
+
+
+def test_gemm_nan_scale_byte_and_extreme_exponents():
+    x, x_scale = quantized_activation(1, 1, 512, seed=34)
+    w, w_scale = quantized_weight(1, 128, 512, seed=35)
+    x_scale = x_scale.clone()
+    x_scale[0, 0, 0] = 255
+    got = torch.ops.dsv4.bmm_a8w8_mxscale(x, w, x_scale, w_scale, torch.float32)
+    assert bool(torch.isnan(got).all())
+    assert bool(torch.isnan(reference.bmm_a8w8_mxscale(x, w, x_scale, w_scale, torch.float32)).all())
+    x_scale[0, 0, :] = 254
+    w_scale = torch.zeros_like(w_scale)  # 2^127 * 2^-127: fine as one power of two
+    assert_gemm_close(torch.ops.dsv4.bmm_a8w8_mxscale(x, w, x_scale, w_scale, torch.float32),
+                      reference.bmm_a8w8_mxscale(x, w, x_scale, w_scale, torch.float64))

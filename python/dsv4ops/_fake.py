@@ -117,14 +117,14 @@ def _group_quant_shapes(o, num_groups, group_size):
 
 
 @torch.library.register_fake("dsv4::inverse_rope_group_quant")
-def _inverse_rope_group_quant(o, positions, cos_sin, num_groups, group_size, fp8_format, quant_max, rotated):
+def _inverse_rope_group_quant(o, positions, cos_sin, num_groups, group_size, fp8_format, quant_max, apply_inverse_rope):
     x_shape, scale_shape = _group_quant_shapes(o, num_groups, group_size)
     dtype = torch.float8_e4m3fnuz if fp8_format == 1 else torch.float8_e4m3fn
     return o.new_empty(x_shape, dtype=dtype), o.new_empty(scale_shape, dtype=torch.uint8)
 
 
 @torch.library.register_fake("dsv4::inverse_rope_group_quant.out")
-def _inverse_rope_group_quant_out(o, positions, cos_sin, num_groups, group_size, fp8_format, quant_max, rotated, *,
+def _inverse_rope_group_quant_out(o, positions, cos_sin, num_groups, group_size, fp8_format, quant_max, apply_inverse_rope, *,
                                   x_fp8, x_scale):
     return None
 

@@ -34,8 +34,10 @@ def fp8_paged_mqa_logits(q: torch.Tensor, kv_cache: torch.Tensor, weights: torch
     """Decode: q [B, next_n, H, D] FP8 against the paged indexer cache; row r = b * next_n + n sees the
     compressed positions [0, len_r) with len_r = L_b - next_n + n + 1 (context_lens [B] or [B, 1]) or
     context_lens[b, n] ([B, next_n]), clamped to [0, max_model_len]. Returns fp32 [B * next_n,
-    max_model_len]; positions past len_r (or whose block-table entry is missing) are -inf when clean."""
-    fmt = Fp8Format.parse(kv_format) if kv_format is not None else Fp8Format.parse(q.dtype)
+    max_model_len]; positions past len_r (or whose block-table entry is missing) are -inf when clean.
+    kv_format is the cache's encoding: OCP by default, as the indexer-K writer emits on every platform (on
+    gfx942 Q is FNUZ and K OCP, spec §2)."""
+    fmt = Fp8Format.parse(kv_format if kv_format is not None else "ocp")
     if dispatch.choose("fp8_paged_mqa_logits", q.device).uses_kernel:
         return torch.ops.dsv4.fp8_paged_mqa_logits(q, kv_cache, weights, context_lens, block_tables, int(max_model_len),
                                                    bool(clean_logits), int(fmt))
@@ -45,7 +47,8 @@ def fp8_paged_mqa_logits(q: torch.Tensor, kv_cache: torch.Tensor, weights: torch
 
 def topk_per_row_prefill(logits: torch.Tensor, ks: torch.Tensor, ke: torch.Tensor, k: int,
                          out: Optional[torch.Tensor] = None, stable: bool = False) -> torch.Tensor:
-    """Per row, the k best columns of [ks, ke) as indices local to ks (int32 [M, k], -1 padded; -inf and
+    """Per row, the k best columns of [ks, ke) as indices local to ks (int32 [M, k], -1 padded; ks and ke are
+    clamped to the row first, so a negative ks counts from column 0; -inf and
     NaN logits are never chosen). stable: ties go to the smaller index and indices come sorted ascending,
     so that ranks computing the same logits agree."""
     if out is None:

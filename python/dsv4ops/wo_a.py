@@ -3,10 +3,11 @@ quantization, then a grouped FP8 GEMM on the checkpoint's own FP8 weight with it
 scales) or the BF16 path (inverse RoPE, then a BF16 grouped einsum on the dequantized weight).
 
     plan = prepare_wo_a(weight, weight_scale, n_groups, o_lora_rank, cos_sin, device)   # once, at load
-    z = wo_a_forward(o, positions, plan, rotated=True)                                   # [T, G * 1024]
+    z = wo_a_forward(o, positions, plan, apply_inverse_rope=True)                                   # [T, G * 1024]
 
-prepare_wo_a applies the acceptance gates in order and logs the reason of a refusal once. `rotated` says
-whether o still carries the rotation (the attention may already have undone it); it is never inferred.
+prepare_wo_a applies the acceptance gates in order and logs the reason of a refusal once.
+`apply_inverse_rope` says whether o's rope lanes are still in the rotated frame (True: rotate them back
+here) or the attention has already rotated them back (False); it is never inferred (spec §2).
 The ops themselves (inverse_rope_group_quant, bmm_a8w8_mxscale, inverse_rope) are in this module too,
 with the reference serving devices that have no kernel yet.
 """
@@ -41,24 +42,28 @@ def _format_and_max(device, fp8_format, quant_max):
     return fmt, qmax
 
 
+def _bf16_fit(o: torch.Tensor) -> Optional[str]:
+    return None if o.dtype == torch.bfloat16 else f"the kernel takes bf16 o, got {o.dtype}"
+
+
 def inverse_rope_group_quant(o: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor, num_groups: int,
                              group_size: int = GROUP_SIZE, fp8_format=None, quant_max: Optional[float] = None,
-                             rotated: bool = True):
+                             apply_inverse_rope: bool = True):
     """o bf16 [S, H, 512] -> (x_fp8 [S, G, D], x_scale uint8 [S, G, D / group_size]), D = H * 512 / G: the
-    inverse rotation of lanes 448..511 of every head when `rotated`, then per (token, group of group_size
+    inverse rotation of lanes 448..511 of every head when `apply_inverse_rope`, then per (token, group of group_size
     lanes) an RCEIL UE8M0 scale and FP8 values (spec §3). cos_sin [P, 64] (cos || sin), fp32 or bf16;
     positions int32/int64 clamped to [0, P - 1]. Encoding and quant max default to the device's."""
     fmt, qmax = _format_and_max(o.device, fp8_format, quant_max)
-    if dispatch.choose("inverse_rope_group_quant", o.device).uses_kernel:
+    if dispatch.choose("inverse_rope_group_quant", o.device, lambda: _bf16_fit(o)).uses_kernel:
         return torch.ops.dsv4.inverse_rope_group_quant(o.contiguous(), positions.contiguous(), cos_sin.contiguous(),
-                                                       int(num_groups), int(group_size), int(fmt), qmax, bool(rotated))
+                                                       int(num_groups), int(group_size), int(fmt), qmax, bool(apply_inverse_rope))
     return reference.inverse_rope_group_quant(o, positions, cos_sin, int(num_groups), int(group_size), fmt, qmax,
-                                              bool(rotated))
+                                              bool(apply_inverse_rope))
 
 
 def inverse_rope(o: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor) -> torch.Tensor:
     """The BF16 path's inverse rotation: lanes 448..511 of every head in fp32, rounded once to bf16."""
-    if dispatch.choose("inverse_rope", o.device).uses_kernel:
+    if dispatch.choose("inverse_rope", o.device, lambda: _bf16_fit(o)).uses_kernel:
         return torch.ops.dsv4.inverse_rope(o.contiguous(), positions.contiguous(), cos_sin.contiguous())
     return reference.inverse_rope(o, positions, cos_sin)
 
@@ -106,8 +111,10 @@ class WoAPlan:
 
 
 def _dequantize_weight(weight: torch.Tensor, scale: Optional[torch.Tensor], fmt: Optional[Fp8Format]):
-    if weight.element_size() != 1 or scale is None:  # already dequantized: take it as it is
+    if weight.element_size() != 1:  # already dequantized: take it as it is
         return weight.to(torch.bfloat16)
+    if scale is None:
+        raise ValueError("wo_a: an FP8 weight without its block scale cannot be dequantized")
     values = reference.fp8_decode(weight.view(torch.uint8), fmt if fmt is not None else Fp8Format.parse(weight.dtype))
     if scale.dtype in (torch.uint8, getattr(torch, "float8_e8m0fnu", torch.uint8)):
         factors = reference._pow2(scale.view(torch.uint8).to(torch.int64) - 127).to(torch.float32)
@@ -119,9 +126,8 @@ def _dequantize_weight(weight: torch.Tensor, scale: Optional[torch.Tensor], fmt:
 
 
 def _refuse(plan_args: dict, reason: str) -> WoAPlan:
-    key = reason.split(":")[0]
-    if key not in _logged:
-        _logged.add(key)
+    if reason not in _logged:
+        _logged.add(reason)
         logger.warning("dsv4ops: wo_a uses the BF16 path: %s", reason)
     return WoAPlan(path="bf16", reason=reason, weight_scale=None, **plan_args)
 
@@ -134,6 +140,7 @@ def prepare_wo_a(weight: torch.Tensor, weight_scale: Optional[torch.Tensor], n_g
     wo_a, rows group-major), weight_scale [G * R / 128, K / 128] (fp32 powers of two, UE8M0 or uint8
     bytes), cos_sin the layer's rotary table [P, 64]."""
     device = torch.device(device) if device is not None else weight.device
+    cos_sin = cos_sin.contiguous()  # once: the forward passes it to every call
     plan_args = dict(n_groups=int(n_groups), o_lora_rank=int(o_lora_rank), cos_sin=cos_sin, weight=weight,
                      original_scale=weight_scale)
     if n_groups <= 0:
@@ -155,8 +162,9 @@ def prepare_wo_a(weight: torch.Tensor, weight_scale: Optional[torch.Tensor], n_g
                                   f"{tuple(weight.shape)}, scale {tuple(weight_scale.shape)}")
     if in_features % HEAD_DIM:
         return _refuse(plan_args, f"head_dim: in_features {in_features} is not a whole number of 512-wide heads")
-    if cos_sin.dim() != 2 or cos_sin.shape[-1] != ROPE_DIM:
-        return _refuse(plan_args, f"rope: needs a [P, 64] cos || sin table, got {tuple(cos_sin.shape)}")
+    if cos_sin.dim() != 2 or cos_sin.shape[-1] != ROPE_DIM or cos_sin.dtype not in (torch.float32, torch.bfloat16):
+        return _refuse(plan_args, f"rope: needs a [P, 64] cos || sin table in fp32 or bf16, got "
+                                  f"{cos_sin.dtype} {tuple(cos_sin.shape)}")
     if activation_dtype != torch.bfloat16:
         return _refuse(plan_args, f"dtype: the FP8 path serves bf16 activations, got {activation_dtype}")
     scale_bytes, why = float_to_ue8m0_lossless(weight_scale)
@@ -177,17 +185,17 @@ def prepare_wo_a(weight: torch.Tensor, weight_scale: Optional[torch.Tensor], n_g
     return WoAPlan(path="fp8", reason=None, weight_scale=grouped_scale, fp8_format=fmt, quant_max=qmax, **plan_args)
 
 
-def wo_a_forward(o: torch.Tensor, positions: torch.Tensor, plan: WoAPlan, rotated: bool) -> torch.Tensor:
-    """o [T, H, 512] (bf16) -> [T, G * o_lora_rank] in o's dtype, for wo_b. `rotated`: o's rope lanes are
-    still in the rotated frame (True) or already rotated back (False)."""
+def wo_a_forward(o: torch.Tensor, positions: torch.Tensor, plan: WoAPlan, apply_inverse_rope: bool) -> torch.Tensor:
+    """o [T, H, 512] -> [T, G * o_lora_rank] in o's dtype, for wo_b. apply_inverse_rope: o's rope lanes are
+    still in the rotated frame and are rotated back here (True), or the attention already did it (False)."""
     t, heads, _ = o.shape
     g = plan.n_groups
     if plan.path == "fp8":
         x_fp8, x_scale = inverse_rope_group_quant(o, positions, plan.cos_sin, g, GROUP_SIZE, plan.fp8_format,
-                                                  plan.quant_max, rotated)
+                                                  plan.quant_max, apply_inverse_rope)
         w = plan.weight.view(g, plan.o_lora_rank, -1)
         z = bmm_a8w8_mxscale(x_fp8, w, x_scale, plan.weight_scale, o.dtype)
     else:
-        x = inverse_rope(o, positions, plan.cos_sin) if rotated else o
+        x = inverse_rope(o, positions, plan.cos_sin) if apply_inverse_rope else o
         z = torch.einsum("tgd,grd->tgr", x.reshape(t, g, heads * HEAD_DIM // g), plan.bf16_weight().to(o.dtype))
     return z.reshape(t, g * plan.o_lora_rank)

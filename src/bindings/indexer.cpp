@@ -31,7 +31,7 @@ Tensor fp8_mqa_logits(const Tensor& q, const Tensor& k, const Tensor& k_scale, c
   STD_TORCH_CHECK(q.dim() == 3 && q.size(2) >= 1 && q.stride(2) == 1, kOp,
                   ": q must have shape [M, H, D] with D contiguous, got ", shape_string(q));
   const int64_t m = q.size(0), heads = q.size(1), dim = q.size(2);
-  STD_TORCH_CHECK(k.dim() == 2 && k.size(1) == dim && (k.size(0) <= 1 || k.stride(1) == 1), kOp,
+  STD_TORCH_CHECK(k.dim() == 2 && k.size(1) == dim && (k.size(1) <= 1 || k.stride(1) == 1), kOp,
                   ": k must have shape [N, ", dim, "] with D contiguous, got ", shape_string(k));
   const int64_t n = k.size(0);
   const bool scale_bytes = dtype_of(k_scale) == ScalarType::Byte;

@@ -67,10 +67,10 @@ STABLE_TORCH_LIBRARY(dsv4, m) {
   // 1x128 / 128x128 UE8M0 block scales. CPU kernels so far.
   m.def(
       "inverse_rope_group_quant(Tensor o, Tensor positions, Tensor cos_sin, int num_groups, int group_size, "
-      "int fp8_format, float quant_max, bool rotated) -> (Tensor x_fp8, Tensor x_scale)");
+      "int fp8_format, float quant_max, bool apply_inverse_rope) -> (Tensor x_fp8, Tensor x_scale)");
   m.def(
       "inverse_rope_group_quant.out(Tensor o, Tensor positions, Tensor cos_sin, int num_groups, int group_size, "
-      "int fp8_format, float quant_max, bool rotated, *, Tensor(a!) x_fp8, Tensor(b!) x_scale) -> ()");
+      "int fp8_format, float quant_max, bool apply_inverse_rope, *, Tensor(a!) x_fp8, Tensor(b!) x_scale) -> ()");
   m.def("inverse_rope(Tensor o, Tensor positions, Tensor cos_sin) -> Tensor");
   m.def(
       "bmm_a8w8_mxscale(Tensor x, Tensor w, Tensor x_scale, Tensor w_scale, ScalarType out_dtype) -> Tensor");

@@ -42,7 +42,7 @@ RopeTable checked_rope(const Tensor& o, const Tensor& positions, const Tensor& c
 
 InverseRopeGroupQuantArgs checked_group_quant(const Tensor& o, const Tensor& positions, const Tensor& cos_sin,
                                               int64_t num_groups, int64_t group_size, int64_t fp8_format,
-                                              double quant_max, bool rotated, const char* op) {
+                                              double quant_max, bool apply_inverse_rope, const char* op) {
   check_o(o, op);
   STD_TORCH_CHECK(group_size == 32 || group_size == 64 || group_size == 128, op,
                   ": group_size must be 32, 64 or 128, got ", group_size);
@@ -54,7 +54,7 @@ InverseRopeGroupQuantArgs checked_group_quant(const Tensor& o, const Tensor& pos
   InverseRopeGroupQuantArgs args{};
   args.o = static_cast<const uint16_t*>(o.data_ptr());
   args.rope = checked_rope(o, positions, cos_sin, op);
-  args.rotated = rotated;
+  args.apply_inverse_rope = apply_inverse_rope;
   args.tokens = o.size(0);
   args.heads = o.size(1);
   args.groups = num_groups;
@@ -72,10 +72,10 @@ void run_group_quant(const InverseRopeGroupQuantArgs& args, const Tensor& o, con
 
 std::tuple<Tensor, Tensor> inverse_rope_group_quant(const Tensor& o, const Tensor& positions, const Tensor& cos_sin,
                                                     int64_t num_groups, int64_t group_size, int64_t fp8_format,
-                                                    double quant_max, bool rotated) {
+                                                    double quant_max, bool apply_inverse_rope) {
   constexpr const char* kOp = "dsv4.inverse_rope_group_quant";
   InverseRopeGroupQuantArgs args = checked_group_quant(o, positions, cos_sin, num_groups, group_size, fp8_format,
-                                                       quant_max, rotated, kOp);
+                                                       quant_max, apply_inverse_rope, kOp);
   const int64_t d = o.size(1) * kHeadDim / num_groups;
   Tensor x_fp8 = torch::stable::new_empty(o, {o.size(0), num_groups, d}, fp8_dtype(args.format));
   Tensor x_scale = torch::stable::new_empty(o, {o.size(0), num_groups, d / group_size}, ScalarType::Byte);
@@ -88,13 +88,13 @@ std::tuple<Tensor, Tensor> inverse_rope_group_quant(const Tensor& o, const Tenso
 }
 
 void inverse_rope_group_quant_out(const Tensor& o, const Tensor& positions, const Tensor& cos_sin, int64_t num_groups,
-                                  int64_t group_size, int64_t fp8_format, double quant_max, bool rotated,
+                                  int64_t group_size, int64_t fp8_format, double quant_max, bool apply_inverse_rope,
                                   Tensor x_fp8, Tensor x_scale) {
   constexpr const char* kOp = "dsv4.inverse_rope_group_quant.out";
   InverseRopeGroupQuantArgs args = checked_group_quant(o, positions, cos_sin, num_groups, group_size, fp8_format,
-                                                       quant_max, rotated, kOp);
+                                                       quant_max, apply_inverse_rope, kOp);
   const int64_t d = o.size(1) * kHeadDim / num_groups;
-  check_dtype(x_fp8, kOp, "x_fp8", {ScalarType::Float8_e4m3fn, ScalarType::Float8_e4m3fnuz, ScalarType::Byte});
+  check_dtype(x_fp8, kOp, "x_fp8", {fp8_dtype(args.format), ScalarType::Byte});  // the bytes follow fp8_format
   STD_TORCH_CHECK(x_fp8.dim() == 3 && x_fp8.size(0) == o.size(0) && x_fp8.size(1) == num_groups && x_fp8.size(2) == d,
                   kOp, ": x_fp8 must have shape [", o.size(0), ", ", num_groups, ", ", d, "], got ", shape_string(x_fp8));
   check_contiguous(x_fp8, kOp, "x_fp8");

@@ -47,6 +47,9 @@ def fp8_mqa_logits(q: torch.Tensor, k: torch.Tensor, k_scale: torch.Tensor, weig
                    ks: torch.Tensor, ke: torch.Tensor, clean_logits: bool = True) -> torch.Tensor:
     """spec §3.3: q [M, H, D], k [N, D] FP8, k_scale [N] fp32, weights [M, H] fp32 -> logits [M, N] fp32."""
     m, n = q.shape[0], k.shape[0]
+    if _k_scale(k_scale).numel() != n or weights.shape != (m, q.shape[1]) or k.shape[1] != q.shape[2]:
+        raise ValueError(f"fp8_mqa_logits: inconsistent shapes q {tuple(q.shape)}, k {tuple(k.shape)}, k_scale "
+                         f"{tuple(k_scale.shape)}, weights {tuple(weights.shape)}")
     scores = torch.einsum("mhd,nd->mhn", _fp8_values(q), _fp8_values(k)) * _k_scale(k_scale)[None, None, :]
     logits = (torch.relu(scores) * weights.to(torch.float32)[:, :, None]).sum(dim=1)
     columns = torch.arange(n, device=q.device)[None, :]
@@ -76,6 +79,9 @@ def fp8_paged_mqa_logits(q: torch.Tensor, kv_cache: torch.Tensor, weights: torch
     batch, next_n, heads, dim = q.shape
     num_blocks = kv_cache.shape[0]
     block_bytes = kv_cache[0].numel() if num_blocks else 0
+    if num_blocks and block_bytes % (dim + 4):
+        raise ValueError(f"fp8_paged_mqa_logits: a block of {block_bytes} bytes is not a whole number of {dim + 4}-byte "
+                         f"entries")
     block_size = block_bytes // (dim + 4) if num_blocks else 1
     flat = kv_cache.reshape(num_blocks, -1)
     rows = batch * next_n
@@ -84,14 +90,17 @@ def fp8_paged_mqa_logits(q: torch.Tensor, kv_cache: torch.Tensor, weights: torch
     q_values = _fp8_values(q).reshape(rows, heads, dim)
     for r in range(rows):
         length = int(lens[r])
-        if length == 0:
+        if length == 0 or num_blocks == 0:
             continue
         b = r // next_n
         positions = torch.arange(length, device=q.device)
         column = positions // block_size
         in_table = column < block_tables.shape[1]
-        block = torch.where(in_table, block_tables[b, column.clamp(max=block_tables.shape[1] - 1)].long(),
-                            torch.full_like(column, -1))
+        if block_tables.shape[1] == 0:
+            block = torch.full_like(column, -1)
+        else:
+            block = torch.where(in_table, block_tables[b, column.clamp(max=block_tables.shape[1] - 1)].long(),
+                                torch.full_like(column, -1))
         readable = (block >= 0) & (block < num_blocks)
         safe_block = torch.where(readable, block, torch.zeros_like(block))
         entry = positions % block_size

@@ -65,7 +65,7 @@ void inverse_rope_group_quant(const InverseRopeGroupQuantArgs& args, int64_t beg
   with_fp8_format(args.format, [&](auto tag) {
     constexpr Fp8Format kFormat = decltype(tag)::value;
     for (int64_t token = begin; token < end; ++token) {
-      token_values(args.o, args.heads, args.rope, token, args.rotated, values.data());
+      token_values(args.o, args.heads, args.rope, token, args.apply_inverse_rope, values.data());
       quantize_token<kFormat>(args, token, values.data());
     }
   });
@@ -97,8 +97,11 @@ void bmm_a8w8_mxscale(const BmmA8W8MxScaleArgs& args, int64_t begin, int64_t end
         for (int64_t kb = 0; kb < k_blocks; ++kb) {
           float partial = 0.0f;
           for (int64_t k = kb * kScaleBlock; k < (kb + 1) * kScaleBlock; ++k) partial += x_row[k] * w_table[w[k]];
-          // 2^(a - 127) * 2^(b - 127), exact unless it under- or overflows fp32 (as on the GPU).
-          acc += partial * ue8m0_decode(x_scale[kb]) * ue8m0_decode(w_scale[kb]);
+          // One power of two 2^(a + b - 254) (spec §4.5): exact unless the product itself leaves fp32; a
+          // 255 (NaN) scale byte makes the block NaN.
+          const int a = x_scale[kb];
+          const int b = w_scale[kb];
+          acc += (a == 255 || b == 255) ? NAN : std::ldexp(partial, a + b - 254);
         }
         if (args.out_fp32) {
           static_cast<float*>(args.out)[m * args.out_stride_m + g * args.out_stride_g + n] = acc;

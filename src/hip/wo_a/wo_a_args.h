@@ -14,7 +14,7 @@ namespace dsv4 {
 struct InverseRopeGroupQuantArgs {
   const uint16_t* o;
   RopeTable rope;
-  bool rotated;  // o still carries the rotation: undo it on lanes 448..511 of every head
+  bool apply_inverse_rope;  // o still carries the rotation: undo it on lanes 448..511 of every head
   uint8_t* x_fp8;
   uint8_t* x_scale;
   int64_t scale_token_stride;
