@@ -1,0 +1,103 @@
+// Numerics the newer ops share between the CPU path and their GPU kernels: the mHC Sinkhorn epilogue
+// (dsv4/mhc.h), the clamped rotary table (dsv4/rope.h), the indexer's FP8 read rule and the sparse-MLA
+// ragged row ranges.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+
+#include "dsv4/mhc.h"
+#include "dsv4/rope.h"
+#include "indexer/indexer_args.h"
+#include "sparse_mla/sparse_mla_args.h"
+
+namespace {
+
+// spec/mhc.md §2.5 in double precision with true divisions.
+void sinkhorn_double(const float* logits, double eps, int iters, double* c) {
+  for (int j = 0; j < 4; ++j) {
+    double row_max = logits[4 * j];
+    for (int k = 1; k < 4; ++k) row_max = std::fmax(row_max, logits[4 * j + k]);
+    double sum = 0;
+    for (int k = 0; k < 4; ++k) sum += std::exp(logits[4 * j + k] - row_max);
+    for (int k = 0; k < 4; ++k) c[4 * j + k] = std::exp(logits[4 * j + k] - row_max) / sum + eps;
+  }
+  auto normalize = [&](bool columns) {
+    for (int a = 0; a < 4; ++a) {
+      double sum = 0;
+      for (int b = 0; b < 4; ++b) sum += columns ? c[4 * b + a] : c[4 * a + b];
+      for (int b = 0; b < 4; ++b) (columns ? c[4 * b + a] : c[4 * a + b]) /= sum + eps;
+    }
+  };
+  normalize(true);
+  for (int i = 1; i < iters; ++i) {
+    normalize(false);
+    normalize(true);
+  }
+}
+
+TEST(MhcSinkhorn, MatchesDoublePrecisionAndIsDoublyStochastic) {
+  std::mt19937 rng(3);
+  std::normal_distribution<float> normal(0.0f, 2.0f);
+  for (int trial = 0; trial < 2000; ++trial) {
+    float logits[16];
+    for (float& l : logits) l = normal(rng);
+    float c[16];
+    double want[16];
+    dsv4::mhc::sinkhorn(logits, 1e-6f, 20, c);
+    sinkhorn_double(logits, 1e-6, 20, want);
+    for (int e = 0; e < 16; ++e) EXPECT_NEAR(c[e], want[e], 2e-6) << "trial " << trial << " entry " << e;
+    for (int k = 0; k < 4; ++k) {
+      const double column = c[k] + c[4 + k] + c[8 + k] + c[12 + k];
+      EXPECT_NEAR(column, 1.0, 1e-5);
+    }
+  }
+}
+
+TEST(MhcSinkhorn, OneIterationIsSoftmaxThenColumns) {
+  const float logits[16] = {0, 1, 2, 3, 3, 2, 1, 0, 0, 0, 0, 0, -1, 5, 2, 0};
+  float c[16];
+  double want[16];
+  dsv4::mhc::sinkhorn(logits, 0.0f, 1, c);
+  sinkhorn_double(logits, 0.0, 1, want);
+  for (int e = 0; e < 16; ++e) EXPECT_NEAR(c[e], want[e], 1e-6);
+}
+
+TEST(RopeTable, PositionsAreClampedAndBothDtypesRead) {
+  float table[3 * 64];
+  for (int i = 0; i < 3 * 64; ++i) table[i] = static_cast<float>(i);
+  const int64_t positions[4] = {-5, 0, 2, 99};
+  const dsv4::RopeTable rope{table, false, 3, positions, true};
+  EXPECT_EQ(rope.row_of(0), 0);
+  EXPECT_EQ(rope.row_of(1), 0);
+  EXPECT_EQ(rope.row_of(2), 2);
+  EXPECT_EQ(rope.row_of(3), 2);
+  EXPECT_EQ(rope.value(2, 33), 2 * 64 + 33);
+  const uint16_t bf16_table[64] = {0x3F80, 0x4000};  // 1.0, 2.0
+  const int32_t positions32[1] = {7};
+  const dsv4::RopeTable bf16_rope{bf16_table, true, 1, positions32, false};
+  EXPECT_EQ(bf16_rope.row_of(0), 0);
+  EXPECT_EQ(bf16_rope.value(0, 1), 2.0f);
+}
+
+TEST(IndexerFp8, Byte0x80ReadsAsZeroInBothEncodings) {
+  EXPECT_EQ(dsv4::indexer_fp8_value<dsv4::Fp8Format::kOCP>(0x80), 0.0f);
+  EXPECT_EQ(dsv4::indexer_fp8_value<dsv4::Fp8Format::kFNUZ>(0x80), 0.0f);
+  EXPECT_EQ(dsv4::indexer_fp8_value<dsv4::Fp8Format::kOCP>(0x38), 1.0f);
+  EXPECT_EQ(dsv4::indexer_fp8_value<dsv4::Fp8Format::kFNUZ>(0x38), 0.5f);
+}
+
+TEST(SparseKeySource, RowRangesAreClampedToTheIndexList) {
+  const int32_t indptr[4] = {-3, 2, 9, 1};
+  dsv4::SparseKeySource source{};
+  source.indptr = indptr;
+  source.index_count = 5;
+  EXPECT_EQ(source.row_begin(0), 0);
+  EXPECT_EQ(source.row_end(0), 2);
+  EXPECT_EQ(source.row_begin(1), 2);
+  EXPECT_EQ(source.row_end(1), 5);
+  EXPECT_EQ(source.row_begin(2), 5);
+  EXPECT_EQ(source.row_end(2), 5);  // an end before its begin is an empty row
+}
+
+}  // namespace
