@@ -125,6 +125,8 @@ def time_matched_copy(nbytes: int, device: torch.device) -> Dict[str, float]:
 
 COPY_PEER = "device copy of the same bytes"
 FAILED_PEERS: Dict[str, str] = {}
+# Lines a bench adds to the output header while it runs (a ceiling it measured, a row it could not time).
+HEADER_NOTES: List[str] = []
 
 
 def time_peer(times: Dict[str, float], name: str, fn: Callable, arg_sets: Sequence[tuple], device: torch.device,
@@ -206,7 +208,7 @@ def write_outputs(rows: List[Row], out_dir: pathlib.Path, title: str, header_lin
     with open(f"{stem}.jsonl", "w") as f:
         for row in rows:
             f.write(json.dumps(dataclasses.asdict(row)) + "\n")
-    failed = [f"peer '{name}' could not run: {why}" for name, why in FAILED_PEERS.items()]
+    failed = [f"peer '{name}' could not run: {why}" for name, why in FAILED_PEERS.items()] + HEADER_NOTES
     lines = [f"# {title}", ""] + [f"- {line}" for line in list(header_lines) + failed] + [""]
     lines.append("| op | case | impl | time (us) | GB/s | % of copy BW | speedup over peers |")
     lines.append("|---|---|---|---:|---:|---:|---|")

@@ -1,0 +1,100 @@
+"""Benchmark of sparse MLA decode at DSv4 shapes (spec/sparse_mla_decode.md §5; issue targets in README).
+
+    python bench/bench_sparse_mla.py [--device cuda] [--out bench/results] [--no-compile]
+
+Cases: Flash (H = 64, and 8 / 16 per rank at TP8) and Pro (H = 128), batch T in {1, 8, 32, 128}; C4A rows
+(window 128 + top-k 512 Flash / 1024 Pro compressed entries) and C128A rows (window 128 + all entries at
+8k / 32k / 128k context). Per call, from the work itself: n = keys per row, bytes = 584 per key + q and
+out (bf16), FLOPs = 4 * H * 512 * n per row (QK and PV). The roofline time max(bytes / copy bandwidth,
+FLOPs / BF16 matrix rate) uses both ceilings measured in this run (device copy; a BF16 GEMM). Our row
+appears where the build registers a kernel for the device; the PyTorch reference is timed at T <= 8.
+"""
+
+from __future__ import annotations
+
+import torch
+
+import dsv4ops
+from dsv4ops import dispatch
+from dsv4ops.reference import sparse_mla as reference
+
+from harness import HEADER_NOTES, bench_main, make_rows, time_ours, time_peer, time_per_call
+
+WINDOW = 128
+SCALE = 512 ** -0.5
+HEADS = [("Flash TP1", 64), ("Flash TP8", 8), ("Pro TP8", 16), ("Pro TP1", 128)]
+TOKENS = [1, 8, 32, 128]
+LAYERS = [("C4A", 4, {"Flash": 512, "Pro": 1024}), ("C128A 8k", 128, 8192), ("C128A 32k", 128, 32768),
+          ("C128A 128k", 128, 131072)]
+REFERENCE_MAX_T = 8
+BLOCK = 64
+
+
+def bf16_matrix_rate(device) -> float:
+    """FLOP/s of a large BF16 GEMM, the matrix-unit ceiling of this run."""
+    size = 8192 if device.type == "cuda" else 512
+    a = torch.randn(size, size, device=device).to(torch.bfloat16)
+    b = torch.randn(size, size, device=device).to(torch.bfloat16)
+    seconds = time_per_call(lambda: a @ b, [()], device, repeats=5, min_calls=3)
+    return 2 * size**3 / seconds
+
+
+def _cache(device, entries, seed):
+    blocks = -(-entries // BLOCK) + 1
+    cache = torch.zeros(blocks, BLOCK * 584, dtype=torch.uint8, device=device)
+    k = torch.randn(entries, 512, generator=torch.Generator().manual_seed(seed)).to(torch.bfloat16).to(device)
+    dsv4ops.quantize_and_insert_k_cache(k, cache, torch.arange(entries, device=device), BLOCK, "ocp")
+    return cache
+
+
+def bench_decode(device, ceiling_gbps, compile_peers):
+    rows = []
+    matrix_rate = bf16_matrix_rate(device)
+    HEADER_NOTES.append(f"matrix ceiling: BF16 GEMM {matrix_rate / 1e12:.1f} TFLOP/s (measured in this run); "
+                        f"roofline = max(bytes / copy bandwidth, FLOPs / matrix ceiling)")
+    has_kernel = not dispatch.decide("sparse_mla_decode", device).reason
+    if not has_kernel:
+        HEADER_NOTES.append(f"no sparse_mla_decode kernel for {device} in this build: reference rows only")
+    main_cache = _cache(device, 131072 // 32, seed=1)  # SWA windows sit in the first entries
+    for layer, ratio, extent in LAYERS:
+        for model, heads in HEADS:
+            family = model.split()[0]
+            topk = extent[family] if isinstance(extent, dict) else None
+            compressed = topk * 4 if topk else extent // ratio
+            extra_cache = _cache(device, compressed, seed=2)
+            for t in TOKENS:
+                main_idx = torch.arange(WINDOW, dtype=torch.int32, device=device).repeat(t)
+                main_ptr = torch.arange(t + 1, dtype=torch.int32, device=device) * WINDOW
+                per_row = topk if topk else compressed
+                extra_idx = torch.randint(0, compressed, (t * per_row,), dtype=torch.int32, device=device)
+                extra_ptr = torch.arange(t + 1, dtype=torch.int32, device=device) * per_row
+                q = torch.randn(t, heads, 512, device=device).to(torch.bfloat16)
+                sink = torch.randn(heads, device=device)
+                out = torch.empty_like(q)
+                keys = WINDOW + per_row
+                nbytes = t * (584 * keys + 2 * 2 * heads * 512)
+                flops = t * 4 * heads * 512 * keys
+                roofline = max(nbytes / (ceiling_gbps * 1e9), flops / matrix_rate)
+                args = (q, main_cache, main_idx, main_ptr, BLOCK, extra_cache, extra_idx, extra_ptr, BLOCK, sink,
+                        SCALE, 0, 0, 0, None, None)
+                times = {}
+                if has_kernel:
+                    times.update(time_ours(lambda *a: torch.ops.dsv4.sparse_mla_decode(*a, out=out), [args], device))
+                if t <= REFERENCE_MAX_T:
+                    time_peer(times, "reference eager",
+                              lambda *a: reference.sparse_mla_decode(*a[:12], a[12], None, None), [args], device)
+                case = (f"{layer} {model} H={heads} T={t} keys/row={keys} roofline {roofline * 1e6:.1f} us "
+                        f"({flops / 1e9:.2f} GFLOP)")
+                rows += make_rows("sparse_mla_decode", case, nbytes, times, "dsv4ops", ceiling_gbps)
+    return rows
+
+
+def shrink():
+    HEADS[:] = [("Flash TP8", 8)]
+    TOKENS[:] = [1, 2]
+    LAYERS[:] = [("C4A", 4, {"Flash": 32, "Pro": 64})]
+
+
+if __name__ == "__main__":
+    bench_main(__doc__.splitlines()[0], "sparse_mla", [bench_decode], shrink,
+               ["caches OCP, block size 64; window 128; sink on"])
