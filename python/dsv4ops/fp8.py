@@ -12,7 +12,7 @@ from typing import Optional, Tuple
 import torch
 
 from . import dispatch, reference
-from .platform import Fp8Format, fp8_format as device_fp8_format
+from .platform import Fp8Format, format_and_quant_max
 
 _UE8M0_DTYPES = (torch.uint8, torch.float8_e8m0fnu)
 _REFUSAL_REASONS = {
@@ -76,10 +76,7 @@ def fp8_encode(x: torch.Tensor, fp8_format=None, quant_max: Optional[float] = No
     fp8_format defaults to the device's encoding; quant_max to that encoding's default (448 OCP, 224
     FNUZ). The result has the format's dtype (float8_e4m3fn or float8_e4m3fnuz).
     """
-    fmt = Fp8Format.parse(fp8_format) if fp8_format is not None else device_fp8_format(x.device)
-    qmax = float(quant_max) if quant_max is not None else fmt.default_quant_max
-    if not 0.0 < qmax <= fmt.max_finite:
-        raise ValueError(f"fp8_encode: quant_max must be in (0, {fmt.max_finite}] for {fmt.name}, got {qmax}")
+    fmt, qmax = format_and_quant_max(x.device, fp8_format, quant_max, "fp8_encode")
 
     def supported():
         if x.dtype not in (torch.float32, torch.bfloat16):

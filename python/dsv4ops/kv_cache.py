@@ -13,16 +13,10 @@ from typing import Optional
 import torch
 
 from . import dispatch
-from .platform import Fp8Format, fp8_format as device_fp8_format
+from .platform import Fp8Format, format_and_quant_max, fp8_format as device_fp8_format
 from .reference import kv_cache as reference
 
 
-def _format_and_max(device, fp8_format, quant_max):
-    fmt = Fp8Format.parse(fp8_format) if fp8_format is not None else device_fp8_format(device)
-    qmax = float(quant_max) if quant_max is not None else fmt.default_quant_max
-    if not 0.0 < qmax <= fmt.max_finite:
-        raise ValueError(f"quant_max must be in (0, {fmt.max_finite}] for {fmt.name}, got {qmax}")
-    return fmt, qmax
 
 
 # The index helpers of spec §9.3-§9.4 are tensor code with no host sync: they serve as they are on every
@@ -43,7 +37,7 @@ def qnorm_rope_kv_insert(q_in: torch.Tensor, kv: torch.Tensor, k_cache: torch.Te
     out-of-cache slots skipped). Returns q_out [N, q_head_padded (default H), 512] with heads >= H zero;
     pass q_out to write into a caller-owned buffer (it may be q_in itself when q_head_padded == H).
     Tokens whose position lies outside the cos/sin table get zero Q rows and no KV write."""
-    fmt, qmax = _format_and_max(k_cache.device, fp8_format, quant_max)
+    fmt, qmax = format_and_quant_max(k_cache.device, fp8_format, quant_max)
     hp = int(q_head_padded) if q_head_padded is not None else q_in.shape[1]
     positions = position_ids.long() if position_ids.dtype == torch.int32 else position_ids
     if dispatch.choose("qnorm_rope_kv_insert", q_in.device).uses_kernel:
@@ -66,7 +60,7 @@ def kv_rope_quant_insert(kv: torch.Tensor, k_cache: torch.Tensor, slot_mapping: 
                          fp8_format=None, quant_max: Optional[float] = None):
     """The KV branch of qnorm_rope_kv_insert alone (spec/kv_cache.md §6): GPT-J RoPE on kv [N, 512], bf16
     round, UE8M0 FP8 record at slot_mapping[t] (one slot per token). Returns k_cache."""
-    fmt, qmax = _format_and_max(k_cache.device, fp8_format, quant_max)
+    fmt, qmax = format_and_quant_max(k_cache.device, fp8_format, quant_max)
     positions = position_ids.long() if position_ids.dtype == torch.int32 else position_ids
     if dispatch.choose("kv_rope_quant_insert", kv.device).uses_kernel:
         torch.ops.dsv4.kv_rope_quant_insert(kv, k_cache, slot_mapping, positions, cos_sin_cache,
@@ -88,7 +82,7 @@ def kv_norm_rope_quant_insert(kv: torch.Tensor, norm_weight: torch.Tensor, k_cac
     """kv_rope_quant_insert with a weighted RMSNorm first (spec/kv_cache.md §6): y = x * rsqrt(mean(x^2) +
     eps) * norm_weight in fp32, rounded to bf16, then RoPE, bf16 round and the UE8M0 FP8 record.
     kv [N, 512] bf16 (rows may be strided, 16-byte aligned), norm_weight bf16 [512]. Returns k_cache."""
-    fmt, qmax = _format_and_max(k_cache.device, fp8_format, quant_max)
+    fmt, qmax = format_and_quant_max(k_cache.device, fp8_format, quant_max)
     positions = _int64_positions(position_ids)
     if dispatch.choose("kv_norm_rope_quant_insert", kv.device).uses_kernel:
         torch.ops.dsv4.kv_norm_rope_quant_insert(kv, norm_weight, k_cache, slot_mapping, positions, cos_sin_cache,
@@ -126,7 +120,7 @@ def qnorm_rope_kv_insert_full_cache_fp8(q: torch.Tensor, kv: torch.Tensor, k_cac
     1-element fp32 tensors (positive and finite: they are read on the device, not checked). The bytes
     follow fp8_format (default: the platform's) whatever the tensors' float8 dtype. q_fp8 is allocated in
     the format's dtype when not given. Returns (q_fp8, k_cache)."""
-    fmt, qmax = _format_and_max(k_cache.device, fp8_format, quant_max)
+    fmt, qmax = format_and_quant_max(k_cache.device, fp8_format, quant_max)
     positions = _int64_positions(position_ids)
     if q_fp8 is None:
         q_fp8 = torch.empty(q.shape, dtype=fmt.torch_dtype, device=q.device)
@@ -147,7 +141,7 @@ def quantize_and_insert_k_cache(k: torch.Tensor, k_cache: torch.Tensor, slot_map
     capacity (size(0) * block_size) are skipped; when two tokens name the same slot, which one the record
     holds is unspecified. k_cache is uint8 with one block per index of dim 0; only its stride(0) locates
     blocks."""
-    fmt, qmax = _format_and_max(k_cache.device, fp8_format, quant_max)
+    fmt, qmax = format_and_quant_max(k_cache.device, fp8_format, quant_max)
     if dispatch.choose("quantize_and_insert_k_cache", k.device).uses_kernel:
         torch.ops.dsv4.quantize_and_insert_k_cache(k, k_cache, slot_mapping, int(block_size), int(fmt), qmax)
     else:

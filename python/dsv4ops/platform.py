@@ -103,6 +103,19 @@ def quant_max(device) -> float:
     return fp8_format(device).default_quant_max
 
 
+_device_fp8_format = fp8_format  # format_and_quant_max has a parameter named fp8_format
+
+
+def format_and_quant_max(device, fp8_format=None, quant_max=None, op: str = "dsv4ops"):
+    """(Fp8Format, quant max) of a call: the given encoding or the device's, the given bound or that
+    encoding's default (448 OCP, 224 FNUZ); refuses a bound outside (0, max finite]."""
+    fmt = Fp8Format.parse(fp8_format) if fp8_format is not None else _device_fp8_format(device)
+    qmax = float(quant_max) if quant_max is not None else fmt.default_quant_max
+    if not 0.0 < qmax <= fmt.max_finite:
+        raise ValueError(f"{op}: quant_max must be in (0, {fmt.max_finite}] for {fmt.name}, got {qmax}")
+    return fmt, qmax
+
+
 def fp8_dtype(device) -> torch.dtype:
     """The torch dtype that matches the device's FP8 encoding."""
     return fp8_format(device).torch_dtype

@@ -22,7 +22,7 @@ import torch
 
 from . import dispatch
 from .fp8 import e4m3fn_to_fnuz, float_to_ue8m0_lossless
-from .platform import Fp8Format, fp8_format as device_fp8_format
+from .platform import Fp8Format, format_and_quant_max
 from .reference import wo_a as reference
 
 logger = logging.getLogger("dsv4ops")
@@ -34,12 +34,6 @@ GROUP_SIZE = 128
 _logged: set = set()
 
 
-def _format_and_max(device, fp8_format, quant_max):
-    fmt = Fp8Format.parse(fp8_format) if fp8_format is not None else device_fp8_format(device)
-    qmax = float(quant_max) if quant_max is not None else fmt.default_quant_max
-    if not 0.0 < qmax <= fmt.max_finite:
-        raise ValueError(f"quant_max must be in (0, {fmt.max_finite}] for {fmt.name}, got {qmax}")
-    return fmt, qmax
 
 
 def _bf16_fit(o: torch.Tensor) -> Optional[str]:
@@ -53,7 +47,7 @@ def inverse_rope_group_quant(o: torch.Tensor, positions: torch.Tensor, cos_sin: 
     inverse rotation of lanes 448..511 of every head when `apply_inverse_rope`, then per (token, group of group_size
     lanes) an RCEIL UE8M0 scale and FP8 values (spec §3). cos_sin [P, 64] (cos || sin), fp32 or bf16;
     positions int32/int64 clamped to [0, P - 1]. Encoding and quant max default to the device's."""
-    fmt, qmax = _format_and_max(o.device, fp8_format, quant_max)
+    fmt, qmax = format_and_quant_max(o.device, fp8_format, quant_max)
     if dispatch.choose("inverse_rope_group_quant", o.device, lambda: _bf16_fit(o)).uses_kernel:
         return torch.ops.dsv4.inverse_rope_group_quant(o.contiguous(), positions.contiguous(), cos_sin.contiguous(),
                                                        int(num_groups), int(group_size), int(fmt), qmax, bool(apply_inverse_rope))
@@ -171,7 +165,7 @@ def prepare_wo_a(weight: torch.Tensor, weight_scale: Optional[torch.Tensor], n_g
     if scale_bytes is None:
         return _refuse(plan_args, f"scale: could not losslessly encode the {weight_scale.dtype} wo_a block scale "
                                   f"as UE8M0 ({why})")
-    fmt, qmax = _format_and_max(device, fp8_format, quant_max)
+    fmt, qmax = format_and_quant_max(device, fp8_format, quant_max)
     if fmt is Fp8Format.FNUZ and weight.dtype == torch.float8_e4m3fn:
         # The checkpoint's OCP bytes read as FNUZ are worth half: the scale byte gains one (lossless).
         try:

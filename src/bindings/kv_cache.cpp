@@ -325,17 +325,26 @@ void qnorm_rope_kv_insert_full_cache_fp8(const Tensor& q, const Tensor& kv, Tens
   run_qnorm_rope_kv_insert(args, q, kOp);
 }
 
+// The KV-only ops' arguments (spec/kv_cache.md §6): one slot per token, an fp8_ds_mla cache, no Q heads.
+QnormRopeKvInsertArgs checked_kv_only(const Tensor& kv, const Tensor& k_cache, const Tensor& slot_mapping,
+                                      const Tensor& position_ids, const Tensor& cos_sin_cache, int64_t cache_block_size,
+                                      int64_t fp8_format, double quant_max, const char* op) {
+  STD_TORCH_CHECK(kv.dim() == 2, op, ": kv must have shape [tokens, 512], got ", shape_string(kv));
+  QnormRopeKvInsertArgs args =
+      checked_kv_side(kv, slot_mapping, position_ids, cos_sin_cache, kv.size(0), fp8_format, quant_max, op);
+  set_ds_mla_cache(args, k_cache, kv, cache_block_size, op);
+  STD_TORCH_CHECK(slot_mapping.size(0) == kv.size(0), op, ": slot_mapping must have one entry per token (",
+                  kv.size(0), "), got ", slot_mapping.size(0));
+  return args;
+}
+
 // The KV branch of the fused op alone (spec/kv_cache.md §6): the same kernel with no Q heads.
 void kv_rope_quant_insert(const Tensor& kv, Tensor k_cache, const Tensor& slot_mapping, const Tensor& position_ids,
                           const Tensor& cos_sin_cache, int64_t cache_block_size, int64_t fp8_format,
                           double quant_max) {
   constexpr const char* kOp = "dsv4.kv_rope_quant_insert";
-  STD_TORCH_CHECK(kv.dim() == 2, kOp, ": kv must have shape [tokens, 512], got ", shape_string(kv));
-  QnormRopeKvInsertArgs args =
-      checked_kv_side(kv, slot_mapping, position_ids, cos_sin_cache, kv.size(0), fp8_format, quant_max, kOp);
-  set_ds_mla_cache(args, k_cache, kv, cache_block_size, kOp);
-  STD_TORCH_CHECK(slot_mapping.size(0) == kv.size(0), kOp, ": slot_mapping must have one entry per token (",
-                  kv.size(0), "), got ", slot_mapping.size(0));
+  QnormRopeKvInsertArgs args = checked_kv_only(kv, k_cache, slot_mapping, position_ids, cos_sin_cache,
+                                               cache_block_size, fp8_format, quant_max, kOp);
   run_qnorm_rope_kv_insert(args, kv, kOp);  // heads = padded_heads = 0: only the KV slots
 }
 
@@ -344,12 +353,8 @@ void kv_norm_rope_quant_insert(const Tensor& kv, const Tensor& norm_weight, Tens
                                const Tensor& slot_mapping, const Tensor& position_ids, const Tensor& cos_sin_cache,
                                double eps, int64_t cache_block_size, int64_t fp8_format, double quant_max) {
   constexpr const char* kOp = "dsv4.kv_norm_rope_quant_insert";
-  STD_TORCH_CHECK(kv.dim() == 2, kOp, ": kv must have shape [tokens, 512], got ", shape_string(kv));
-  QnormRopeKvInsertArgs args =
-      checked_kv_side(kv, slot_mapping, position_ids, cos_sin_cache, kv.size(0), fp8_format, quant_max, kOp);
-  set_ds_mla_cache(args, k_cache, kv, cache_block_size, kOp);
-  STD_TORCH_CHECK(slot_mapping.size(0) == kv.size(0), kOp, ": slot_mapping must have one entry per token (",
-                  kv.size(0), "), got ", slot_mapping.size(0));
+  QnormRopeKvInsertArgs args = checked_kv_only(kv, k_cache, slot_mapping, position_ids, cos_sin_cache,
+                                               cache_block_size, fp8_format, quant_max, kOp);
   check_bf16_rows(norm_weight, 1, kOp, "norm_weight", "[512]");
   check_same_device(kv, "kv", norm_weight, "norm_weight", kOp);
   STD_TORCH_CHECK(std::isfinite(eps) && eps >= 0, kOp, ": eps must be finite and >= 0, got ", eps);

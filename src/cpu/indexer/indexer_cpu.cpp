@@ -1,22 +1,21 @@
 #include "indexer_cpu.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <limits>
 #include <utility>
 #include <vector>
 
+#include "cpu/fp8/fp8_decode_table.h"
+
 namespace dsv4::cpu {
 namespace {
 
-std::vector<float> decode_table(Fp8Format format) {
-  std::vector<float> table(256);
-  with_fp8_format(format, [&](auto tag) {
-    constexpr Fp8Format kFormat = decltype(tag)::value;
-    for (int code = 0; code < 256; ++code) table[code] = indexer_fp8_value<kFormat>(static_cast<uint8_t>(code));
-  });
-  return table;
+// The indexer's read rule (indexer_fp8_value: 0x80 reads as +0) as a table.
+std::array<float, 256> indexer_table(Fp8Format format) {
+  return decode_table(format, [](auto tag, uint8_t code) { return indexer_fp8_value<decltype(tag)::value>(code); });
 }
 
 int64_t clamp(int64_t v, int64_t lo, int64_t hi) { return v < lo ? lo : (v > hi ? hi : v); }
@@ -37,8 +36,8 @@ float weighted_relu_sum(const float* q, const float* k, const float* weights, fl
 }  // namespace
 
 void fp8_mqa_logits(const MqaLogitsArgs& args, int64_t begin, int64_t end) {
-  const std::vector<float> q_table = decode_table(args.q_format);
-  const std::vector<float> k_table = decode_table(args.k_format);
+  const std::array<float, 256> q_table = indexer_table(args.q_format);
+  const std::array<float, 256> k_table = indexer_table(args.k_format);
   std::vector<float> q(static_cast<size_t>(args.heads * args.dim));
   std::vector<float> k(static_cast<size_t>(args.dim));
   constexpr float kMinusInf = -std::numeric_limits<float>::infinity();
@@ -65,8 +64,8 @@ void fp8_mqa_logits(const MqaLogitsArgs& args, int64_t begin, int64_t end) {
 }
 
 void fp8_paged_mqa_logits(const PagedMqaLogitsArgs& args, int64_t begin, int64_t end) {
-  const std::vector<float> q_table = decode_table(args.q_format);
-  const std::vector<float> kv_table = decode_table(args.kv_format);
+  const std::array<float, 256> q_table = indexer_table(args.q_format);
+  const std::array<float, 256> kv_table = indexer_table(args.kv_format);
   std::vector<float> q(static_cast<size_t>(args.heads * args.dim));
   std::vector<float> k(static_cast<size_t>(args.dim));
   constexpr float kMinusInf = -std::numeric_limits<float>::infinity();

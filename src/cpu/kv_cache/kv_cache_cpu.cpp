@@ -33,13 +33,7 @@ void write_record(const uint16_t* k, const DsMlaCache& cache, float quant_max, i
 template <Fp8Format F>
 void read_record(const KvGatherArgs& args, int64_t slot, uint16_t* out) {
   const ds_mla::RecordAddress address = ds_mla::record_address(slot, args.block_size, args.block_stride);
-  const uint8_t* data = args.cache + address.data;
-  const uint8_t* scales = args.cache + address.scale;
-  for (int i = 0; i < ds_mla::kNopeDim; ++i) {
-    const float block_scale = ue8m0_decode(scales[i / ds_mla::kQuantBlock]);
-    out[i] = float_to_bf16_bits(ds_mla::dequantize_nope_value<F>(data[i], block_scale));
-  }
-  std::memcpy(out + ds_mla::kNopeDim, data + ds_mla::kNopeDim, 2 * ds_mla::kRopeDim);
+  ds_mla::decode_record<F>(args.cache + address.data, args.cache + address.scale, out);
 }
 
 // One row of 512 bf16 values into fp32: optional RMSNorm (weightless, or with a bf16 weight and the

@@ -1,8 +1,8 @@
 #include "sparse_mla_cpu.h"
 
+#include <algorithm>
 #include <cfloat>
 #include <cmath>
-#include <cstring>
 #include <vector>
 
 #include "dsv4/bf16.h"
@@ -19,17 +19,12 @@ constexpr int kHeadDim = ds_mla::kHeadDim;
 template <Fp8Format F>
 void decode_key(const SparseKeySource& source, int64_t slot, float* key) {
   const ds_mla::RecordAddress address = ds_mla::record_address(slot, source.block_size, source.block_stride);
-  const uint8_t* data = source.bytes + address.data;
-  const uint8_t* scales = source.bytes + address.scale;
-  for (int i = 0; i < ds_mla::kNopeDim; ++i) {
-    // Rounded to bf16 like the reference's decode (exact but for under- or overflow).
-    key[i] = bf16_bits_to_float(float_to_bf16_bits(
-        ds_mla::dequantize_nope_value<F>(data[i], ue8m0_decode(scales[i / ds_mla::kQuantBlock]))));
+  uint16_t bits[kHeadDim];
+  ds_mla::decode_record<F>(source.bytes + address.data, source.bytes + address.scale, bits);
+  for (int i = 0; i < kHeadDim; ++i) {
+    const float value = bf16_bits_to_float(bits[i]);
+    key[i] = std::isfinite(value) ? value : 0.0f;
   }
-  uint16_t rope[ds_mla::kRopeDim];
-  std::memcpy(rope, data + ds_mla::kNopeDim, sizeof(rope));
-  for (int i = 0; i < ds_mla::kRopeDim; ++i) key[ds_mla::kNopeDim + i] = bf16_bits_to_float(rope[i]);
-  for (int i = 0; i < kHeadDim; ++i) key[i] = std::isfinite(key[i]) ? key[i] : 0.0f;
 }
 
 void append_keys(const SparseKeySource& source, int64_t token, std::vector<float>& keys, int64_t& count) {

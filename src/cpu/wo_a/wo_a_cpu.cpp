@@ -1,5 +1,6 @@
 #include "wo_a_cpu.h"
 
+#include <array>
 #include <cmath>
 #include <vector>
 
@@ -7,6 +8,7 @@
 #include "dsv4/ds_mla.h"
 #include "dsv4/rope.h"
 #include "dsv4/ue8m0.h"
+#include "cpu/fp8/fp8_decode_table.h"
 
 namespace dsv4::cpu {
 namespace {
@@ -49,15 +51,6 @@ void quantize_token(const InverseRopeGroupQuantArgs& args, int64_t token, const 
   }
 }
 
-std::vector<float> decode_table(Fp8Format format) {
-  std::vector<float> table(256);
-  with_fp8_format(format, [&](auto tag) {
-    constexpr Fp8Format kFormat = decltype(tag)::value;
-    for (int code = 0; code < 256; ++code) table[code] = fp8_decode<kFormat>(static_cast<uint8_t>(code));
-  });
-  return table;
-}
-
 }  // namespace
 
 void inverse_rope_group_quant(const InverseRopeGroupQuantArgs& args, int64_t begin, int64_t end) {
@@ -81,8 +74,8 @@ void inverse_rope(const InverseRopeArgs& args, int64_t begin, int64_t end) {
 }
 
 void bmm_a8w8_mxscale(const BmmA8W8MxScaleArgs& args, int64_t begin, int64_t end) {
-  const std::vector<float> x_table = decode_table(args.x_format);
-  const std::vector<float> w_table = decode_table(args.w_format);
+  const std::array<float, 256> x_table = fp8_decode_table(args.x_format);
+  const std::array<float, 256> w_table = fp8_decode_table(args.w_format);
   const int64_t k_blocks = args.k / kScaleBlock;
   std::vector<float> x_row(static_cast<size_t>(args.k));
   for (int64_t m = begin; m < end; ++m) {

@@ -72,4 +72,17 @@ DSV4_HD float dequantize_nope_value(uint8_t code, float block_scale) {
   return fp8_decode<F>(code) * block_scale;
 }
 
+// One whole record back to its 512 bf16 values: the NoPE dims through dequantize_nope_value and a bf16
+// rounding (exact but for under- or overflow), then the stored bf16 RoPE dims (little-endian).
+template <Fp8Format F>
+DSV4_HD void decode_record(const uint8_t* data, const uint8_t* scales, uint16_t* out) {
+  for (int i = 0; i < kNopeDim; ++i) {
+    out[i] = float_to_bf16_bits(dequantize_nope_value<F>(data[i], ue8m0_decode(scales[i / kQuantBlock])));
+  }
+  for (int i = 0; i < kRopeDim; ++i) {
+    out[kNopeDim + i] = static_cast<uint16_t>(data[kNopeDim + 2 * i] | (data[kNopeDim + 2 * i + 1] << 8));
+  }
+}
+
 }  // namespace dsv4::ds_mla
+
