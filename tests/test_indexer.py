@@ -279,3 +279,42 @@ def test_strided_k_rows_are_refused():
     with pytest.raises(RuntimeError, match=r"k must have shape \[N, 32\] with D contiguous"):
         torch.ops.dsv4.fp8_mqa_logits(q, big[:, ::2], torch.ones(1), torch.ones(2, 4), torch.zeros(2, dtype=torch.int32),
                                       torch.ones(2, dtype=torch.int32), True)
+
+
+def test_paged_and_topk_op_checks_and_empty_inputs():
+    dim, block_size = 32, 32
+    cache, table, _ = paged_cache([40, 20], block_size, dim, torch.float8_e4m3fn, seed=45)
+    q = fp8_tensor((2, 2, 4, dim), torch.float8_e4m3fn, seed=46)
+    weights = torch.randn(4, 4, generator=torch.Generator().manual_seed(47))
+    lens = torch.tensor([40, 20], dtype=torch.int32)
+    args = (q, cache, weights, lens, table, 64, True, 0)
+    torch.library.opcheck(torch.ops.dsv4.fp8_paged_mqa_logits.default, args,
+                          test_utils=("test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic"))
+    logits = torch.ops.dsv4.fp8_paged_mqa_logits(*args)
+    row_lens = reference.paged_row_lengths(lens, 2, 2, 64).to(torch.int32)
+    torch.library.opcheck(torch.ops.dsv4.topk_per_row_decode.default, (logits, row_lens, 8, True),
+                          {"out": torch.empty(4, 8, dtype=torch.int32)})
+
+    def f(q):
+        logits = torch.ops.dsv4.fp8_paged_mqa_logits(q, cache, weights, lens, table, 64, True, 0)
+        out = torch.empty(4, 8, dtype=torch.int32)
+        torch.ops.dsv4.topk_per_row_decode(logits, row_lens, 8, True, out=out)
+        return logits, out
+
+    for got, want in zip(torch.compile(f, fullgraph=True)(q), f(q)):
+        assert torch.equal(got, want)
+    k = fp8_tensor((10, dim), torch.float8_e4m3fn, seed=48)
+    q3 = q.reshape(4, 4, dim)
+    ks, ke = torch.zeros(4, dtype=torch.int32), torch.full((4,), 10, dtype=torch.int32)
+
+    def g(q3):
+        return torch.ops.dsv4.fp8_mqa_logits(q3, k, torch.ones(10), weights, ks, ke, True)
+
+    assert torch.equal(torch.compile(g, fullgraph=True)(q3), g(q3))
+    # empty: no requests, no rows
+    empty_q = fp8_tensor((0, 2, 4, dim), torch.float8_e4m3fn, seed=49)
+    assert dsv4ops.fp8_paged_mqa_logits(empty_q, cache, torch.ones(0, 4), torch.empty(0, dtype=torch.int32),
+                                        table[:0], 64).shape == (0, 64)
+    assert dsv4ops.topk_per_row_decode(torch.empty(0, 5), torch.empty(0, dtype=torch.int32), 3).shape == (0, 3)
+    assert dsv4ops.topk_per_row_prefill(torch.empty(0, 5), torch.empty(0, dtype=torch.int32),
+                                        torch.empty(0, dtype=torch.int32), 3).shape == (0, 3)

@@ -402,3 +402,15 @@ def test_gemm_nan_scale_byte_and_extreme_exponents():
     w_scale = torch.zeros_like(w_scale)  # 2^127 * 2^-127: fine as one power of two
     assert_gemm_close(torch.ops.dsv4.bmm_a8w8_mxscale(x, w, x_scale, w_scale, torch.float32),
                       reference.bmm_a8w8_mxscale(x, w, x_scale, w_scale, torch.float64))
+
+
+def test_inverse_rope_invalid_inputs_compile_and_empty():
+    with pytest.raises(RuntimeError, match="o must have dtype bfloat16"):
+        torch.ops.dsv4.inverse_rope(torch.zeros(2, 8, 512), torch.arange(2), rope_table(8))
+    with pytest.raises(RuntimeError, match=r"cos_sin must have shape \[positions >= 1, 64\]"):
+        torch.ops.dsv4.inverse_rope(torch.zeros(2, 8, 512, dtype=torch.bfloat16), torch.arange(2), rope_table(8)[:, :32])
+    o, positions, cos_sin = attention_output(3, 8, seed=36), torch.arange(3), rope_table(8)
+    f = lambda o: torch.ops.dsv4.inverse_rope(o * 1, positions, cos_sin)  # noqa: E731
+    assert torch.equal(torch.compile(f, fullgraph=True)(o), f(o))
+    empty = torch.empty(0, 8, 512, dtype=torch.bfloat16)
+    assert torch.ops.dsv4.inverse_rope(empty, torch.empty(0, dtype=torch.long), cos_sin).shape == (0, 8, 512)
