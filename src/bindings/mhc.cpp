@@ -96,7 +96,7 @@ void run_pre(MhcPreArgs& args, const Tensor& residual, const char* op) {
 #if defined(DSV4OPS_WITH_GPU)
   if (!residual.is_cpu() && args.tokens > 0) {
     args.k_splits = gpu::mhc_pre_k_splits(args.tokens, args.hidden);
-    workspace = torch::stable::new_empty(residual, {int64_t{args.k_splits}, args.tokens, int64_t{args.mixes + 1}},
+    workspace = torch::stable::new_empty(residual, {gpu::mhc_pre_workspace_floats(args.tokens, args.hidden, args.mixes)},
                                          ScalarType::Float);
     args.partials = static_cast<float*>(workspace->data_ptr());
   }

@@ -1,34 +1,29 @@
-// mHC kernels (spec/mhc.md): mhc_pre and hc_head as a dot-product kernel and a per-token epilogue +
-// collapse kernel; mhc_post as one streaming kernel. The numerics of the epilogue are dsv4/mhc.h, shared
-// with the CPU path.
+// mHC kernels (spec/mhc.md): mhc_pre and hc_head as three kernels (dot products, per-token epilogue,
+// collapse); mhc_post as one streaming kernel. The numerics of the epilogue are dsv4/mhc.h, shared with
+// the CPU path.
 //
-// Dot products: a block holds 4 * kTokensPerThread tokens; its 256 threads are 64 k-lanes x 4 token
-// groups. For each 256-wide chunk of the flattened row, fn's rows for the chunk are staged in shared
-// memory once and serve every token of the block; a k-lane takes 4 consecutive values of each of its
-// tokens. The row is split into k_splits slices over the grid's second dimension, so that a handful of
-// tokens (decode) still fills the GPU; each slice writes its partial sums, which the epilogue kernel adds
-// in a fixed order (no atomics: the result does not depend on scheduling).
+// Dot products on the matrix units (mhc_tile_mma.h): a warp takes 16 tokens, a block 4 warps. fn is
+// fp32 and the units take bf16, so each 64-wide chunk of fn is split, once per block, into three bf16
+// planes hi + mid + lo that sum to it exactly; the products with the bf16 stream values are then exact and
+// only the accumulation rounds, as in an fp32 dot product. The flattened row is split into k_splits
+// slices over the grid's second dimension, so that a handful of tokens (decode) still fills the GPU; each
+// slice writes its partial sums, which the epilogue kernel adds in a fixed order (no atomics: the result
+// does not depend on scheduling).
 #include "dsv4/bf16.h"
 #include "dsv4/launch.h"
 #include "mhc_launchers.h"
+#include "mhc_tile_mma.h"
 
 namespace dsv4::gpu {
 namespace {
 
 constexpr int kThreads = 256;
-constexpr int kKLanes = 64;
-constexpr int kTokenGroups = kThreads / kKLanes;  // 4
-constexpr int kChunk = 4 * kKLanes;               // 256 values of the row per step
-constexpr int kHalfLanes = 32;                    // reductions stay within 32-lane groups on both vendors
-constexpr int kTargetBlocks = 264;                // about two per SM on current GPUs
-
-DSV4_DEVICE void load_bf16x4(const uint16_t* src, float* values) {
-  const uint2 raw = *reinterpret_cast<const uint2*>(src);
-  values[0] = bf16_bits_to_float(static_cast<uint16_t>(raw.x & 0xffffu));
-  values[1] = bf16_bits_to_float(static_cast<uint16_t>(raw.x >> 16));
-  values[2] = bf16_bits_to_float(static_cast<uint16_t>(raw.y & 0xffffu));
-  values[3] = bf16_bits_to_float(static_cast<uint16_t>(raw.y >> 16));
-}
+constexpr int kHalfLanes = 32;     // reductions stay within 32-lane groups on both vendors
+constexpr int kTargetBlocks = 264;  // about two per SM on current GPUs
+constexpr int kDotsWarps = 4;
+constexpr int kDotsTokens = kDotsWarps * tile::kRows;  // tokens per dots block
+constexpr int kSplitPlanes = 3;                        // fn = hi + mid + lo
+constexpr int kEpilogueThreads = 128;
 
 DSV4_DEVICE float half_group_sum(float value) {
 #pragma unroll
@@ -36,95 +31,206 @@ DSV4_DEVICE float half_group_sum(float value) {
   return value;
 }
 
-template <int kMixes, int kTokensPerThread>
-__global__ void __launch_bounds__(kThreads) mhc_dots_kernel(MhcPreArgs args) {
-  constexpr int kTokensPerBlock = kTokenGroups * kTokensPerThread;
-  __shared__ float4 fn_chunk[kMixes][kKLanes];
-  __shared__ float halves[kTokensPerBlock][2][kMixes + 1];
-  const int lane = threadIdx.x % kKLanes;
-  const int group = threadIdx.x / kKLanes;
+DSV4_DEVICE float bf16_low(uint32_t word) { return bits_float(word << 16); }
+DSV4_DEVICE float bf16_high(uint32_t word) { return bits_float(word & 0xffff0000u); }
+
+DSV4_DEVICE uint32_t word_of(const uint4 (&run)[2], int w) {
+  const uint4& half = run[w / 4];
+  switch (w % 4) {
+    case 0: return half.x;
+    case 1: return half.y;
+    case 2: return half.z;
+    default: return half.w;
+  }
+}
+
+// 4 consecutive fp32 values split into three bf16 planes (hi, mid, lo), each packed as 4 bf16.
+DSV4_DEVICE void split_planes(const float4& v, uint2 (&planes)[kSplitPlanes]) {
+  const float values[4] = {v.x, v.y, v.z, v.w};
+  uint16_t bits[kSplitPlanes][4];
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    float rest = values[j];
+#pragma unroll
+    for (int p = 0; p < kSplitPlanes; ++p) {
+      bits[p][j] = float_to_bf16_bits(rest);
+      rest = rest - bf16_bits_to_float(bits[p][j]);  // exact: rest keeps fewer significant bits each time
+    }
+  }
+#pragma unroll
+  for (int p = 0; p < kSplitPlanes; ++p) {
+    planes[p] = make_uint2(bits[p][0] | (static_cast<uint32_t>(bits[p][1]) << 16),
+                           bits[p][2] | (static_cast<uint32_t>(bits[p][3]) << 16));
+  }
+}
+
+template <int kMixes>
+__global__ void __launch_bounds__(kDotsWarps * kWarpSize) mhc_dots_kernel(MhcPreArgs args) {
+  constexpr int kBlockThreads = kDotsWarps * kWarpSize;
+  constexpr int kColTiles = (kMixes + tile::kCols - 1) / tile::kCols;
+  // The chunk of fn in operand order: [column tile][plane][half of the run][column][run], so that a
+  // warp's 16-byte reads of its B runs are contiguous.
+  __shared__ uint4 fn_runs[kColTiles][kSplitPlanes][2][tile::kCols][tile::kRuns];
+  const int lane = threadIdx.x % kWarpSize;
+  const int warp = threadIdx.x / kWarpSize;
+  const int run = tile::run_of(lane);
   const int64_t count = mhc::kHcMult * args.hidden;
-  const int64_t chunks = count / kChunk;
+  const int64_t chunks = count / tile::kChunk;
   const int64_t first_chunk = chunks * blockIdx.y / args.k_splits;
   const int64_t end_chunk = chunks * (blockIdx.y + 1) / args.k_splits;
-  const int64_t first_token = static_cast<int64_t>(blockIdx.x) * kTokensPerBlock;
+  const int64_t warp_token = static_cast<int64_t>(blockIdx.x) * kDotsTokens + warp * tile::kRows;
 
-  float dots[kTokensPerThread][kMixes];
-  float squares[kTokensPerThread];
+  const uint16_t* rows[tile::kRowsPerLane];
+  bool valid[tile::kRowsPerLane];
 #pragma unroll
-  for (int p = 0; p < kTokensPerThread; ++p) {
-    squares[p] = 0.0f;
-#pragma unroll
-    for (int m = 0; m < kMixes; ++m) dots[p][m] = 0.0f;
+  for (int i = 0; i < tile::kRowsPerLane; ++i) {
+    const int64_t token = warp_token + tile::a_row(lane, i);
+    valid[i] = token < args.tokens;
+    rows[i] = args.residual + (valid[i] ? token : 0) * count + run * tile::kRunLength;
   }
+  float acc[kColTiles][tile::kAccumulators];
+  float squares[tile::kRowsPerLane];
+#pragma unroll
+  for (int c = 0; c < kColTiles; ++c) {
+#pragma unroll
+    for (int e = 0; e < tile::kAccumulators; ++e) acc[c][e] = 0.0f;
+  }
+#pragma unroll
+  for (int i = 0; i < tile::kRowsPerLane; ++i) squares[i] = 0.0f;
+
   // Software pipeline: the next chunk's fn values wait in registers (staged) and this chunk's stream
-  // values are in flight while the block synchronizes, so neither load's latency stalls the arithmetic.
-  constexpr int kStaged = (kMixes * kKLanes + kThreads - 1) / kThreads;
+  // values are in flight while the block synchronizes.
+  constexpr int kVectorsPerColumn = tile::kChunk / 4;
+  constexpr int kStageVectors = kColTiles * tile::kCols * kVectorsPerColumn;
+  constexpr int kStaged = (kStageVectors + kBlockThreads - 1) / kBlockThreads;
   float4 staged[kStaged];
   const auto stage = [&](int64_t chunk) {
 #pragma unroll
     for (int s = 0; s < kStaged; ++s) {
-      const int i = threadIdx.x + s * kThreads;
-      if (i < kMixes * kKLanes) {
-        staged[s] = *reinterpret_cast<const float4*>(args.fn + (i / kKLanes) * count + chunk * kChunk +
-                                                     4 * (i % kKLanes));
+      const int f = threadIdx.x + s * kBlockThreads;
+      const int m = f / kVectorsPerColumn;
+      staged[s] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      if (f < kStageVectors && m < kMixes) {
+        staged[s] = *reinterpret_cast<const float4*>(args.fn + m * count + chunk * tile::kChunk +
+                                                     4 * (f % kVectorsPerColumn));
       }
     }
   };
+  const auto store_staged = [&]() {
+#pragma unroll
+    for (int s = 0; s < kStaged; ++s) {
+      const int f = threadIdx.x + s * kBlockThreads;
+      if (f < kStageVectors) {
+        const int m = f / kVectorsPerColumn;
+        const int k = 4 * (f % kVectorsPerColumn);
+        const int within = k % tile::kRunLength;
+        uint2 planes[kSplitPlanes];
+        split_planes(staged[s], planes);
+#pragma unroll
+        for (int p = 0; p < kSplitPlanes; ++p) {
+          uint4& slot = fn_runs[m / tile::kCols][p][within / 8][m % tile::kCols][k / tile::kRunLength];
+          reinterpret_cast<uint2*>(&slot)[(within % 8) / 4] = planes[p];
+        }
+      }
+    }
+  };
+
   if (first_chunk < end_chunk) stage(first_chunk);
   for (int64_t chunk = first_chunk; chunk < end_chunk; ++chunk) {
-    const int64_t k0 = chunk * kChunk;
-    float x[kTokensPerThread][4];
+    uint4 a_runs[tile::kRowsPerLane][2];
 #pragma unroll
-    for (int p = 0; p < kTokensPerThread; ++p) {
-      const int64_t token = first_token + group + kTokenGroups * p;
-      if (token < args.tokens) {
-        load_bf16x4(args.residual + token * count + k0 + 4 * lane, x[p]);
+    for (int i = 0; i < tile::kRowsPerLane; ++i) {
+      if (valid[i]) {
+        const uint4* src = reinterpret_cast<const uint4*>(rows[i] + chunk * tile::kChunk);
+        a_runs[i][0] = src[0];
+        a_runs[i][1] = src[1];
       } else {
-        x[p][0] = x[p][1] = x[p][2] = x[p][3] = 0.0f;
+        a_runs[i][0] = a_runs[i][1] = make_uint4(0u, 0u, 0u, 0u);
       }
     }
     __syncthreads();  // the previous chunk's fn is no longer read
-#pragma unroll
-    for (int s = 0; s < kStaged; ++s) {
-      const int i = threadIdx.x + s * kThreads;
-      if (i < kMixes * kKLanes) fn_chunk[i / kKLanes][i % kKLanes] = staged[s];
-    }
+    store_staged();
     __syncthreads();
     if (chunk + 1 < end_chunk) stage(chunk + 1);
 #pragma unroll
-    for (int p = 0; p < kTokensPerThread; ++p) {
-      squares[p] += x[p][0] * x[p][0] + x[p][1] * x[p][1] + x[p][2] * x[p][2] + x[p][3] * x[p][3];
+    for (int i = 0; i < tile::kRowsPerLane; ++i) {
+#pragma unroll
+      for (int w = 0; w < 8; ++w) {
+        const uint32_t word = word_of(a_runs[i], w);
+        squares[i] += bf16_low(word) * bf16_low(word) + bf16_high(word) * bf16_high(word);
+      }
     }
 #pragma unroll
-    for (int m = 0; m < kMixes; ++m) {
-      const float4 f = fn_chunk[m][lane];
+    for (int c = 0; c < kColTiles; ++c) {
 #pragma unroll
-      for (int p = 0; p < kTokensPerThread; ++p) {
-        dots[p][m] += x[p][0] * f.x + x[p][1] * f.y + x[p][2] * f.z + x[p][3] * f.w;
+      for (int p = 0; p < kSplitPlanes; ++p) {
+        const uint4 b_runs[2] = {fn_runs[c][p][0][tile::b_col(lane)][run], fn_runs[c][p][1][tile::b_col(lane)][run]};
+#pragma unroll
+        for (int step = 0; step < 4; ++step) {
+          uint32_t a[tile::kRowsPerLane][2];
+#pragma unroll
+          for (int i = 0; i < tile::kRowsPerLane; ++i) {
+            a[i][0] = word_of(a_runs[i], 2 * step);
+            a[i][1] = word_of(a_runs[i], 2 * step + 1);
+          }
+          const uint32_t b[2] = {word_of(b_runs, 2 * step), word_of(b_runs, 2 * step + 1)};
+          tile::mma_step(acc[c], a, b);
+        }
       }
     }
   }
-  // Reduce over the 64 k-lanes of each token: within each 32-lane half, then the two halves.
+  // The sum of squares of a row: its runs are spread over kRuns lanes.
 #pragma unroll
-  for (int p = 0; p < kTokensPerThread; ++p) {
-    const int slot_token = group + kTokenGroups * p;
+  for (int i = 0; i < tile::kRowsPerLane; ++i) {
+    squares[i] += shuffle_xor(squares[i], tile::kRunLaneMask0, kWarpSize);
+    squares[i] += shuffle_xor(squares[i], tile::kRunLaneMask1, kWarpSize);
+  }
+  float* partials = args.partials + static_cast<int64_t>(blockIdx.y) * args.tokens * (kMixes + 1);
 #pragma unroll
-    for (int m = 0; m <= kMixes; ++m) {
-      const float total = half_group_sum(m < kMixes ? dots[p][m] : squares[p]);
-      if (lane % kHalfLanes == 0) halves[slot_token][lane / kHalfLanes][m] = total;
+  for (int c = 0; c < kColTiles; ++c) {
+#pragma unroll
+    for (int e = 0; e < tile::kAccumulators; ++e) {
+      const int64_t token = warp_token + tile::d_row(lane, e);
+      const int mix = c * tile::kCols + tile::d_col(lane, e);
+      if (token < args.tokens && mix < kMixes) partials[token * (kMixes + 1) + mix] = acc[c][e];
     }
   }
-  __syncthreads();
-  for (int i = threadIdx.x; i < kTokensPerBlock * (kMixes + 1); i += kThreads) {
-    const int slot_token = i / (kMixes + 1);
-    const int m = i % (kMixes + 1);
-    const int64_t token = first_token + slot_token;
-    if (token < args.tokens) {
-      args.partials[(blockIdx.y * args.tokens + token) * (kMixes + 1) + m] =
-          halves[slot_token][0][m] + halves[slot_token][1][m];
+  if (run == 0) {
+#pragma unroll
+    for (int i = 0; i < tile::kRowsPerLane; ++i) {
+      const int64_t token = warp_token + tile::a_row(lane, i);
+      if (token < args.tokens) partials[token * (kMixes + 1) + kMixes] = squares[i];
     }
   }
+}
+
+// One thread per token: the partial sums in split order, then the epilogue; the pre weights go to the
+// workspace for the collapse.
+template <int kMixes>
+__global__ void __launch_bounds__(kEpilogueThreads) mhc_epilogue_kernel(MhcPreArgs args, float* pre_weights) {
+  const int64_t token = static_cast<int64_t>(blockIdx.x) * kEpilogueThreads + threadIdx.x;
+  if (token >= args.tokens) return;
+  float sums[kMixes + 1];
+#pragma unroll
+  for (int m = 0; m <= kMixes; ++m) sums[m] = 0.0f;
+  for (int s = 0; s < args.k_splits; ++s) {
+    const float* partial = args.partials + (s * args.tokens + token) * (kMixes + 1);
+#pragma unroll
+    for (int m = 0; m <= kMixes; ++m) sums[m] += partial[m];
+  }
+  const int64_t count = mhc::kHcMult * args.hidden;
+  float weights[mhc::kHcMult];
+  if constexpr (kMixes == mhc::kPreMixes) {
+    float post[mhc::kHcMult];
+    mhc::pre_epilogue(sums, sums[kMixes], count, args.scale, args.base, args.config, weights, post,
+                      args.comb_mix + token * mhc::kHcMult * mhc::kHcMult);
+#pragma unroll
+    for (int i = 0; i < mhc::kHcMult; ++i) args.post_mix[token * mhc::kHcMult + i] = post[i];
+  } else {
+    mhc::head_epilogue(sums, sums[kMixes], count, args.scale, args.base, args.config, weights);
+  }
+#pragma unroll
+  for (int i = 0; i < mhc::kHcMult; ++i) pre_weights[token * mhc::kHcMult + i] = weights[i];
 }
 
 DSV4_DEVICE float block_sum(float value, float* scratch) {
@@ -163,33 +269,13 @@ DSV4_DEVICE uint4 pack_bf16x8(const float* values) {
   return make_uint4(words[0], words[1], words[2], words[3]);
 }
 
-// One block per token: the partial sums in split order, the epilogue, then the collapse.
-template <int kMixes>
-__global__ void __launch_bounds__(kThreads) mhc_collapse_kernel(MhcPreArgs args) {
-  __shared__ float sums[kMixes + 1];
-  __shared__ float pre[mhc::kHcMult];
+// One block per token: layer_input from the pre weights of the epilogue kernel.
+__global__ void __launch_bounds__(kThreads) mhc_collapse_kernel(MhcPreArgs args, const float* pre_weights) {
   __shared__ float scratch[kThreads / kHalfLanes];
   const int64_t token = blockIdx.x;
-  if (threadIdx.x <= kMixes) {
-    float total = 0.0f;
-    for (int s = 0; s < args.k_splits; ++s) total += args.partials[(s * args.tokens + token) * (kMixes + 1) + threadIdx.x];
-    sums[threadIdx.x] = total;
-  }
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    const int64_t count = mhc::kHcMult * args.hidden;
-    float weights[mhc::kHcMult];
-    if constexpr (kMixes == mhc::kPreMixes) {
-      float post[mhc::kHcMult];
-      mhc::pre_epilogue(sums, sums[kMixes], count, args.scale, args.base, args.config, weights, post,
-                        args.comb_mix + token * mhc::kHcMult * mhc::kHcMult);
-      for (int i = 0; i < mhc::kHcMult; ++i) args.post_mix[token * mhc::kHcMult + i] = post[i];
-    } else {
-      mhc::head_epilogue(sums, sums[kMixes], count, args.scale, args.base, args.config, weights);
-    }
-    for (int i = 0; i < mhc::kHcMult; ++i) pre[i] = weights[i];
-  }
-  __syncthreads();
+  float pre[mhc::kHcMult];
+#pragma unroll
+  for (int i = 0; i < mhc::kHcMult; ++i) pre[i] = pre_weights[token * mhc::kHcMult + i];
   const uint16_t* residual = args.residual + token * mhc::kHcMult * args.hidden;
   uint16_t* out = args.out + token * args.hidden;
   const int64_t vectors = args.hidden / 8;
@@ -268,43 +354,51 @@ __global__ void __launch_bounds__(kThreads) mhc_post_kernel(MhcPostArgs args) {
   }
 }
 
-template <int kMixes, int kTokensPerThread>
-void launch_dots(const MhcPreArgs& args, hipStream_t stream) {
-  constexpr int kTokensPerBlock = kTokenGroups * kTokensPerThread;
-  const dim3 grid(static_cast<unsigned>((args.tokens + kTokensPerBlock - 1) / kTokensPerBlock),
-                  static_cast<unsigned>(args.k_splits));
-  hipLaunchKernelGGL((mhc_dots_kernel<kMixes, kTokensPerThread>), grid, dim3(kThreads), 0, stream, args);
+template <int kMixes>
+void launch_pre_kernels(const MhcPreArgs& args, hipStream_t stream) {
+  const dim3 dots_grid(static_cast<unsigned>((args.tokens + kDotsTokens - 1) / kDotsTokens),
+                       static_cast<unsigned>(args.k_splits));
+  // kWarpSize is a device-pass constant; the host sizes the block from the vendor it compiles for.
+#if defined(__HIPCC__)
+  constexpr int kHostWarpSize = 64;
+#else
+  constexpr int kHostWarpSize = 32;
+#endif
+  hipLaunchKernelGGL((mhc_dots_kernel<kMixes>), dots_grid, dim3(kDotsWarps * kHostWarpSize), 0, stream, args);
+  float* pre_weights = args.partials + static_cast<int64_t>(args.k_splits) * args.tokens * (kMixes + 1);
+  hipLaunchKernelGGL((mhc_epilogue_kernel<kMixes>),
+                     dim3(static_cast<unsigned>((args.tokens + kEpilogueThreads - 1) / kEpilogueThreads)),
+                     dim3(kEpilogueThreads), 0, stream, args, pre_weights);
+  hipLaunchKernelGGL(mhc_collapse_kernel, dim3(static_cast<unsigned>(args.tokens)), dim3(kThreads), 0, stream, args,
+                     static_cast<const float*>(pre_weights));
 }
-
-constexpr int64_t kManyTokens = 64;  // from here on a thread takes 4 tokens (fn staged once per 16)
 
 }  // namespace
 
 int mhc_pre_k_splits(int64_t tokens, int64_t hidden) {
-  const int64_t tokens_per_block = kTokenGroups * (tokens >= kManyTokens ? 4 : 1);
-  const int64_t blocks = (tokens + tokens_per_block - 1) / tokens_per_block;
-  const int64_t chunks = mhc::kHcMult * hidden / kChunk;
+  const int64_t blocks = (tokens + kDotsTokens - 1) / kDotsTokens;
+  const int64_t chunks = mhc::kHcMult * hidden / tile::kChunk;
   int64_t splits = blocks >= kTargetBlocks ? 1 : (kTargetBlocks + blocks - 1) / blocks;
   splits = splits < chunks ? splits : chunks;
   return static_cast<int>(splits < 1 ? 1 : splits);
 }
 
+int64_t mhc_pre_workspace_floats(int64_t tokens, int64_t hidden, int mixes) {
+  return static_cast<int64_t>(mhc_pre_k_splits(tokens, hidden)) * tokens * (mixes + 1) + tokens * mhc::kHcMult;
+}
+
 LaunchStatus launch_mhc_pre(const MhcPreArgs& args, void* stream) {
-  if (args.tokens < 0 || args.hidden <= 0 || (mhc::kHcMult * args.hidden) % kChunk != 0 || args.hidden % 8 != 0 ||
-      args.k_splits < 1 || (args.mixes != mhc::kPreMixes && args.mixes != mhc::kHeadMixes)) {
+  if (args.tokens < 0 || args.hidden <= 0 || (mhc::kHcMult * args.hidden) % tile::kChunk != 0 ||
+      args.hidden % 8 != 0 || args.k_splits != mhc_pre_k_splits(args.tokens, args.hidden) ||
+      (args.mixes != mhc::kPreMixes && args.mixes != mhc::kHeadMixes)) {
     return LaunchStatus::kInvalidArgument;
   }
   if (args.tokens == 0) return LaunchStatus::kOk;
   auto hip_stream = static_cast<hipStream_t>(stream);
-  const bool many = args.tokens >= kManyTokens;
   if (args.mixes == mhc::kPreMixes) {
-    many ? launch_dots<mhc::kPreMixes, 4>(args, hip_stream) : launch_dots<mhc::kPreMixes, 1>(args, hip_stream);
-    hipLaunchKernelGGL((mhc_collapse_kernel<mhc::kPreMixes>), dim3(static_cast<unsigned>(args.tokens)),
-                       dim3(kThreads), 0, hip_stream, args);
+    launch_pre_kernels<mhc::kPreMixes>(args, hip_stream);
   } else {
-    many ? launch_dots<mhc::kHeadMixes, 4>(args, hip_stream) : launch_dots<mhc::kHeadMixes, 1>(args, hip_stream);
-    hipLaunchKernelGGL((mhc_collapse_kernel<mhc::kHeadMixes>), dim3(static_cast<unsigned>(args.tokens)),
-                       dim3(kThreads), 0, hip_stream, args);
+    launch_pre_kernels<mhc::kHeadMixes>(args, hip_stream);
   }
   return last_launch_status();
 }

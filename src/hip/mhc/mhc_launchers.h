@@ -20,7 +20,8 @@ struct MhcPreArgs {
   float* post_mix;    // fp32 [tokens, 4] (pre only)
   float* comb_mix;    // fp32 [tokens, 4, 4] (pre only)
   uint16_t* out;      // bf16 [tokens, hidden]
-  float* partials;    // fp32 [k_splits, tokens, mixes + 1] workspace (GPU only)
+  float* partials;    // GPU only: workspace of mhc_pre_workspace_floats() floats: the partial sums
+                      // [k_splits, tokens, mixes + 1], then the pre weights [tokens, 4]
   int k_splits;       // GPU only: how many slices of 4 * hidden the dot products are split into
   int64_t tokens;
   int64_t hidden;
@@ -42,6 +43,7 @@ struct MhcPostArgs {
 namespace gpu {
 // The k split the pre kernels use for `tokens` (the bindings size the workspace with it).
 int mhc_pre_k_splits(int64_t tokens, int64_t hidden);
+int64_t mhc_pre_workspace_floats(int64_t tokens, int64_t hidden, int mixes);
 LaunchStatus launch_mhc_pre(const MhcPreArgs& args, void* stream);
 LaunchStatus launch_mhc_post(const MhcPostArgs& args, void* stream);
 }  // namespace gpu

@@ -29,35 +29,50 @@ DSV4_HD float rms_factor(float sum_of_squares, int64_t count, float eps) {
   return 1.0f / sqrtf(sum_of_squares / static_cast<float>(count) + eps);
 }
 
+// One Sinkhorn normalization: every column (kColumns) or every row of the row-major 4x4 c divided by its
+// sum + eps, as a product with the reciprocal (within an fp32 rounding of the reference's division). The
+// indices are compile-time constants once unrolled, so a GPU thread keeps c in registers.
+template <bool kColumns>
+DSV4_HD void sinkhorn_normalize(float* c, float eps) {
+DSV4_UNROLL
+  for (int a = 0; a < kHcMult; ++a) {
+    float sum = 0.0f;
+DSV4_UNROLL
+    for (int b = 0; b < kHcMult; ++b) sum += kColumns ? c[b * kHcMult + a] : c[a * kHcMult + b];
+    // One division per row or column, then products: on a GPU this epilogue runs in one thread per
+    // token, where 16 divisions per step would dominate a decode step's time.
+    const float inverse = 1.0f / (sum + eps);
+DSV4_UNROLL
+    for (int b = 0; b < kHcMult; ++b) {
+      float& v = kColumns ? c[b * kHcMult + a] : c[a * kHcMult + b];
+      v = v * inverse;
+    }
+  }
+}
+
 // Row-major 4x4 logits (row j, column k) -> comb: softmax over k plus eps, a column normalization, then
-// (iters - 1) pairs of row and column normalizations, each dividing by (sum + eps) (as a product with the
-// reciprocal: within an fp32 rounding of the reference's division).
+// (iters - 1) pairs of row and column normalizations.
 DSV4_HD void sinkhorn(const float* logits, float eps, int iters, float* c) {
+DSV4_UNROLL
   for (int j = 0; j < kHcMult; ++j) {
     float row_max = logits[j * kHcMult];
+DSV4_UNROLL
     for (int k = 1; k < kHcMult; ++k) row_max = fmaxf(row_max, logits[j * kHcMult + k]);
     float e[kHcMult];
     float sum = 0.0f;
+DSV4_UNROLL
     for (int k = 0; k < kHcMult; ++k) {
       e[k] = expf(logits[j * kHcMult + k] - row_max);
       sum += e[k];
     }
     const float inverse = 1.0f / sum;
+DSV4_UNROLL
     for (int k = 0; k < kHcMult; ++k) c[j * kHcMult + k] = e[k] * inverse + eps;
   }
-  for (int step = 0; step < 2 * iters - 1; ++step) {
-    const bool columns = step % 2 == 0;  // column first, then row/column pairs
-    for (int a = 0; a < kHcMult; ++a) {
-      float sum = 0.0f;
-      for (int b = 0; b < kHcMult; ++b) sum += columns ? c[b * kHcMult + a] : c[a * kHcMult + b];
-      // One division per row or column, then products: on a GPU this epilogue runs in one thread per
-      // token, where 16 divisions per step would dominate a decode step's time.
-      const float inverse = 1.0f / (sum + eps);
-      for (int b = 0; b < kHcMult; ++b) {
-        float& v = columns ? c[b * kHcMult + a] : c[a * kHcMult + b];
-        v = v * inverse;
-      }
-    }
+  sinkhorn_normalize<true>(c, eps);
+  for (int pair = 1; pair < iters; ++pair) {
+    sinkhorn_normalize<false>(c, eps);
+    sinkhorn_normalize<true>(c, eps);
   }
 }
 
@@ -66,11 +81,13 @@ DSV4_HD void sinkhorn(const float* logits, float eps, int iters, float* c) {
 DSV4_HD void pre_epilogue(const float* dots, float sum_of_squares, int64_t count, const float* scale,
                           const float* base, const PreConfig& config, float* pre, float* post, float* comb) {
   const float r = rms_factor(sum_of_squares, count, config.rms_eps);
+DSV4_UNROLL
   for (int i = 0; i < kHcMult; ++i) {
     pre[i] = sigmoid(dots[i] * r * scale[0] + base[i]) + config.pre_eps;
     post[i] = sigmoid(dots[kHcMult + i] * r * scale[1] + base[kHcMult + i]) * config.post_mult;
   }
   float logits[kHcMult * kHcMult];
+DSV4_UNROLL
   for (int e = 0; e < kHcMult * kHcMult; ++e) {
     logits[e] = dots[2 * kHcMult + e] * r * scale[2] + base[2 * kHcMult + e];
   }

@@ -30,6 +30,14 @@ using hipError_t = cudaError_t;
 #define DSV4_DEVICE inline
 #endif
 
+// Full unrolling in shared host/device code: a GPU thread keeps small fixed-size arrays in registers only
+// when every index is a compile-time constant. (Host compilers do without the hint.)
+#if DSV4_GPU_COMPILER
+#define DSV4_UNROLL _Pragma("unroll")
+#else
+#define DSV4_UNROLL
+#endif
+
 // True only in a device compilation pass (never in the host pass of a GPU build).
 #if defined(__HIP_DEVICE_COMPILE__) || defined(__CUDA_ARCH__)
 #define DSV4_DEVICE_PASS 1

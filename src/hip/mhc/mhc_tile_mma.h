@@ -1,0 +1,92 @@
+// A warp-wide bf16 matrix product on the matrix units, for the mHC dot products: per step,
+// D[16 x kCols] += A[16 x 16] * B[16 x kCols] with fp32 accumulation (NVIDIA: mma.sync m16n8k16; CDNA:
+// MFMA 16x16x16 bf16). Device code only.
+//
+// Operand runs: a dot product is a sum over k, so any order of k serves as long as A and B use the same
+// one. Each lane therefore loads one contiguous run of 16 k values (two 16-byte loads) per 64-wide chunk
+// of k, for each of its rows of A and for its column of B, and step s of the chunk uses values 4s..4s+3
+// of every run. The lane -> (row, run) and accumulator -> (row, column) maps below differ per vendor.
+#pragma once
+
+#include "dsv4/platform.h"
+
+#if DSV4_GPU_COMPILER
+namespace dsv4::gpu::tile {
+
+inline constexpr int kRows = 16;      // rows of A and D per warp
+inline constexpr int kChunk = 64;     // k values per chunk: 4 steps of 16
+inline constexpr int kRunLength = 16; // k values of one lane's run
+inline constexpr int kRuns = kChunk / kRunLength;
+
+#if defined(__gfx90a__) || defined(__gfx942__) || defined(__gfx950__)
+#define DSV4_TILE_MFMA 1
+// v_mfma_f32_16x16x16_bf16 on a 64-lane wave: lane l holds row (column) l % 16 and k group l / 16.
+inline constexpr int kCols = 16;
+inline constexpr int kRowsPerLane = 1;
+DSV4_DEVICE int a_row(int lane, int /*i*/) { return lane % 16; }
+DSV4_DEVICE int b_col(int lane) { return lane % 16; }
+DSV4_DEVICE int run_of(int lane) { return lane / 16; }
+DSV4_DEVICE int d_row(int lane, int e) { return 4 * (lane / 16) + e; }
+DSV4_DEVICE int d_col(int lane, int /*e*/) { return lane % 16; }
+// Lanes sharing a row of A: xor masks that reach the other runs of the row.
+inline constexpr int kRunLaneMask0 = 16, kRunLaneMask1 = 32;
+#else
+// NVIDIA mma.sync m16n8k16 (and the generic fallback below): lane l holds rows l / 4 and l / 4 + 8 of
+// A, column l / 4 of B, and run l % 4.
+inline constexpr int kCols = 8;
+inline constexpr int kRowsPerLane = 2;
+DSV4_DEVICE int a_row(int lane, int i) { return (lane % 32) / 4 + 8 * i; }
+DSV4_DEVICE int b_col(int lane) { return (lane % 32) / 4; }
+DSV4_DEVICE int run_of(int lane) { return lane % 4; }
+DSV4_DEVICE int d_row(int lane, int e) { return (lane % 32) / 4 + 8 * (e / 2); }
+DSV4_DEVICE int d_col(int lane, int e) { return 2 * (lane % 4) + e % 2; }
+inline constexpr int kRunLaneMask0 = 1, kRunLaneMask1 = 2;
+#endif
+inline constexpr int kAccumulators = 4;  // fp32 accumulator values per lane and column tile
+
+// One step: a[i] holds the two 32-bit words (4 bf16, in run order) of row a_row(lane, i) for this step,
+// b the two words of column b_col(lane).
+DSV4_DEVICE void mma_step(float (&d)[kAccumulators], const uint32_t (&a)[kRowsPerLane][2], const uint32_t (&b)[2]) {
+#if defined(DSV4_TILE_MFMA)
+  typedef short short4_t __attribute__((ext_vector_type(4)));
+  typedef float float4_t __attribute__((ext_vector_type(4)));
+  union Operand { uint32_t words[2]; short4_t vector; };
+  Operand a_operand{{a[0][0], a[0][1]}};
+  Operand b_operand{{b[0], b[1]}};
+  float4_t c = {d[0], d[1], d[2], d[3]};
+  c = __builtin_amdgcn_mfma_f32_16x16x16bf16_1k(a_operand.vector, b_operand.vector, c, 0, 0, 0);
+  d[0] = c[0];
+  d[1] = c[1];
+  d[2] = c[2];
+  d[3] = c[3];
+#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  // Fragment registers: a0 = row r, k {2t, 2t+1}; a1 = row r + 8; a2 = row r, k {2t+8, 2t+9}; a3 = row
+  // r + 8. With runs, k {2t, 2t+1} is the step's first word and k {2t+8, 2t+9} its second.
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0][0]), "r"(a[1][0]), "r"(a[0][1]), "r"(a[1][1]), "r"(b[0]), "r"(b[1]));
+#else
+  // Without matrix units (a device pass dsv4ops does not build by default): the same product from the
+  // other lanes' operands, in the NVIDIA layout of 32-lane groups.
+  const int lane = threadIdx.x % 32;
+  for (int e = 0; e < kAccumulators; ++e) {
+    const int row_half = e / 2;
+    const int col = d_col(lane, e);
+    float sum = 0.0f;
+    for (int run = 0; run < 4; ++run) {
+      for (int w = 0; w < 2; ++w) {
+        const uint32_t a_word = shuffle_from(a[row_half][w], 4 * (lane / 4) + run, 32);
+        const uint32_t b_word = shuffle_from(b[w], 4 * col + run, 32);
+        sum += bits_float(a_word << 16) * bits_float(b_word << 16) +
+               bits_float(a_word & 0xffff0000u) * bits_float(b_word & 0xffff0000u);
+      }
+    }
+    d[e] += sum;
+  }
+#endif
+}
+
+}  // namespace dsv4::gpu::tile
+#endif
