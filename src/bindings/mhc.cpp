@@ -91,16 +91,26 @@ MhcPreArgs checked_pre(const Tensor& residual, const Tensor& fn, const Tensor& s
   return args;
 }
 
-void run_pre(MhcPreArgs& args, const Tensor& residual, const char* op) {
-  std::optional<Tensor> workspace;  // keeps the GPU partial sums alive until the kernels are enqueued
+// The GPU workspace of the pre kernels (partial sums and pre weights), sized and recorded in args; kept
+// alive by the caller until the kernels are enqueued.
+std::optional<Tensor> pre_workspace(MhcPreArgs& args, const Tensor& residual, bool fused_post) {
 #if defined(DSV4OPS_WITH_GPU)
   if (!residual.is_cpu() && args.tokens > 0) {
-    args.k_splits = gpu::mhc_pre_k_splits(args.tokens, args.hidden);
-    workspace = torch::stable::new_empty(residual, {gpu::mhc_pre_workspace_floats(args.tokens, args.hidden, args.mixes)},
-                                         ScalarType::Float);
-    args.partials = static_cast<float*>(workspace->data_ptr());
+    args.k_splits = gpu::mhc_pre_k_splits(args.tokens, args.hidden, fused_post);
+    Tensor workspace = torch::stable::new_empty(
+        residual, {gpu::mhc_pre_workspace_floats(args.tokens, args.hidden, args.mixes, fused_post)}, ScalarType::Float);
+    args.partials = static_cast<float*>(workspace.data_ptr());
+    return workspace;
   }
 #endif
+  (void)args;
+  (void)residual;
+  (void)fused_post;
+  return std::nullopt;
+}
+
+void run_pre(MhcPreArgs& args, const Tensor& residual, const char* op) {
+  std::optional<Tensor> workspace = pre_workspace(args, residual, /*fused_post=*/false);
   run_on_device(
       residual, args.tokens, op, [&](int64_t b, int64_t e) { cpu::mhc_pre(args, b, e); },
       [&]([[maybe_unused]] void* stream) { return DSV4_GPU_LAUNCH(gpu::launch_mhc_pre(args, stream)); },
@@ -137,45 +147,77 @@ Tensor hc_head(const Tensor& residual, const Tensor& fn, const Tensor& base, con
   return out;
 }
 
-Tensor mhc_post(const Tensor& x, const Tensor& residual, const Tensor& post_mix, const Tensor& comb_mix) {
-  constexpr const char* kOp = "dsv4.mhc_post";
-  const int64_t hidden = checked_residual(residual, kOp);
+// Checks the post inputs and fills everything but the output.
+MhcPostArgs checked_post(const Tensor& x, const Tensor& residual, const Tensor& post_mix, const Tensor& comb_mix,
+                         const char* op) {
+  const int64_t hidden = checked_residual(residual, op);
   const int64_t t = residual.size(0);
-  check_dtype(x, kOp, "x", {ScalarType::BFloat16});
-  STD_TORCH_CHECK(x.dim() == 2 && x.size(0) == t && x.size(1) == hidden, kOp, ": x must have shape [", t, ", ",
+  check_dtype(x, op, "x", {ScalarType::BFloat16});
+  STD_TORCH_CHECK(x.dim() == 2 && x.size(0) == t && x.size(1) == hidden, op, ": x must have shape [", t, ", ",
                   hidden, "], got ", shape_string(x));
-  check_aligned_contiguous(x, kOp, "x");
-  check_dtype(post_mix, kOp, "post_mix", {ScalarType::Float});
+  check_aligned_contiguous(x, op, "x");
+  check_dtype(post_mix, op, "post_mix", {ScalarType::Float});
   const bool post_shape = (post_mix.dim() == 3 && post_mix.size(2) == 1) || post_mix.dim() == 2;
-  STD_TORCH_CHECK(post_shape && post_mix.size(0) == t && post_mix.size(1) == mhc::kHcMult, kOp,
+  STD_TORCH_CHECK(post_shape && post_mix.size(0) == t && post_mix.size(1) == mhc::kHcMult, op,
                   ": post_mix must have shape [", t, ", 4, 1] or [", t, ", 4], got ", shape_string(post_mix));
-  check_contiguous(post_mix, kOp, "post_mix");
-  check_dtype(comb_mix, kOp, "comb_mix", {ScalarType::Float});
+  check_contiguous(post_mix, op, "post_mix");
+  check_dtype(comb_mix, op, "comb_mix", {ScalarType::Float});
   STD_TORCH_CHECK(comb_mix.dim() == 3 && comb_mix.size(0) == t && comb_mix.size(1) == mhc::kHcMult &&
                       comb_mix.size(2) == mhc::kHcMult,
-                  kOp, ": comb_mix must have shape [", t, ", 4, 4], got ", shape_string(comb_mix));
-  check_contiguous(comb_mix, kOp, "comb_mix");
-  check_same_device_all(residual, {&x, &post_mix, &comb_mix}, kOp);
-  Tensor out = torch::stable::new_empty(residual, {t, int64_t{mhc::kHcMult}, hidden});
-  MhcPostArgs args{static_cast<const uint16_t*>(x.data_ptr()), static_cast<const uint16_t*>(residual.data_ptr()),
-                   static_cast<const float*>(post_mix.data_ptr()), static_cast<const float*>(comb_mix.data_ptr()),
-                   static_cast<uint16_t*>(out.data_ptr()), t, hidden};
+                  op, ": comb_mix must have shape [", t, ", 4, 4], got ", shape_string(comb_mix));
+  check_contiguous(comb_mix, op, "comb_mix");
+  check_same_device_all(residual, {&x, &post_mix, &comb_mix}, op);
+  return MhcPostArgs{static_cast<const uint16_t*>(x.data_ptr()), static_cast<const uint16_t*>(residual.data_ptr()),
+                     static_cast<const float*>(post_mix.data_ptr()), static_cast<const float*>(comb_mix.data_ptr()),
+                     nullptr, t, hidden};
+}
+
+Tensor mhc_post(const Tensor& x, const Tensor& residual, const Tensor& post_mix, const Tensor& comb_mix) {
+  constexpr const char* kOp = "dsv4.mhc_post";
+  MhcPostArgs args = checked_post(x, residual, post_mix, comb_mix, kOp);
+  Tensor out = torch::stable::new_empty(residual, {args.tokens, int64_t{mhc::kHcMult}, args.hidden});
+  args.out = static_cast<uint16_t*>(out.data_ptr());
   run_on_device(
-      residual, t, kOp, [&](int64_t b, int64_t e) { cpu::mhc_post(args, b, e); },
+      residual, args.tokens, kOp, [&](int64_t b, int64_t e) { cpu::mhc_post(args, b, e); },
       [&]([[maybe_unused]] void* stream) { return DSV4_GPU_LAUNCH(gpu::launch_mhc_post(args, stream)); },
       /*cpu_grain=*/4);
   return out;
 }
 
-// post, then the next sub-layer's pre on the bf16 new residual (exactly the unfused pair).
+// post, then the next sub-layer's pre on the bf16 new residual: the same result as the unfused pair. On
+// the GPU the pre's dot products take the new residual straight from the post computation.
 std::tuple<Tensor, Tensor, Tensor, Tensor> mhc_fused_post_pre(
     const Tensor& x, const Tensor& residual, const Tensor& post_mix, const Tensor& comb_mix, const Tensor& fn,
     const Tensor& scale, const Tensor& base, double rms_eps, double pre_eps, double sinkhorn_eps, double post_mult,
     int64_t sinkhorn_iters, const std::optional<Tensor>& norm_weight, double norm_eps) {
-  Tensor new_residual = mhc_post(x, residual, post_mix, comb_mix);
-  auto [post, comb, layer_input] = mhc_pre(new_residual, fn, scale, base, rms_eps, pre_eps, sinkhorn_eps, post_mult,
-                                           sinkhorn_iters, norm_weight, norm_eps);
-  return {new_residual, post, comb, layer_input};
+  constexpr const char* kOp = "dsv4.mhc_fused_post_pre";
+  MhcPostArgs post = checked_post(x, residual, post_mix, comb_mix, kOp);
+  // pre's checks on the old residual: the new one has its shape, dtype and device.
+  MhcPreArgs pre = checked_pre(residual, fn, scale, base, mhc::kPreMixes, 3, rms_eps, pre_eps, sinkhorn_eps, post_mult,
+                               sinkhorn_iters, norm_weight, norm_eps, kOp);
+  const int64_t t = post.tokens;
+  Tensor new_residual = torch::stable::new_empty(residual, {t, int64_t{mhc::kHcMult}, post.hidden});
+  Tensor post_out = torch::stable::new_empty(residual, {t, int64_t{mhc::kHcMult}, 1}, ScalarType::Float);
+  Tensor comb_out = torch::stable::new_empty(residual, {t, int64_t{mhc::kHcMult}, int64_t{mhc::kHcMult}},
+                                             ScalarType::Float);
+  Tensor layer_input = torch::stable::new_empty(residual, {t, post.hidden});
+  post.out = static_cast<uint16_t*>(new_residual.data_ptr());
+  pre.residual = post.out;
+  pre.post_mix = static_cast<float*>(post_out.data_ptr());
+  pre.comb_mix = static_cast<float*>(comb_out.data_ptr());
+  pre.out = static_cast<uint16_t*>(layer_input.data_ptr());
+  std::optional<Tensor> workspace = pre_workspace(pre, residual, /*fused_post=*/true);
+  run_on_device(
+      residual, t, kOp,
+      [&](int64_t b, int64_t e) {
+        cpu::mhc_post(post, b, e);
+        cpu::mhc_pre(pre, b, e);
+      },
+      [&]([[maybe_unused]] void* stream) {
+        return DSV4_GPU_LAUNCH(gpu::launch_mhc_fused_post_pre(post, pre, stream));
+      },
+      /*cpu_grain=*/1);
+  return {new_residual, post_out, comb_out, layer_input};
 }
 
 void register_mhc_ops(torch::stable::detail::StableLibrary& m) {

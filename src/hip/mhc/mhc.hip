@@ -19,11 +19,14 @@ namespace {
 
 constexpr int kThreads = 256;
 constexpr int kHalfLanes = 32;     // reductions stay within 32-lane groups on both vendors
-constexpr int kTargetBlocks = 264;  // about two per SM on current GPUs
+constexpr int kTargetBlocks = 264;  // dots blocks: about two per SM on current GPUs
 constexpr int kDotsWarps = 4;
-constexpr int kDotsTokens = kDotsWarps * tile::kRows;  // tokens per dots block
+constexpr int kDotsTilesPerWarp = 1;  // 16-token tiles per warp in the pre dots kernel
+constexpr int kDotsTokens = kDotsWarps * kDotsTilesPerWarp * tile::kRows;  // tokens per pre dots block
+constexpr int kPostDotsTokens = kDotsWarps * tile::kRows;                  // per fused post+dots block
 constexpr int kSplitPlanes = 3;                        // fn = hi + mid + lo
 constexpr int kEpilogueThreads = 128;
+constexpr int kEpilogueTokens = kEpilogueThreads / kHalfLanes;  // tokens per epilogue block
 
 DSV4_DEVICE float half_group_sum(float value) {
 #pragma unroll
@@ -64,173 +67,368 @@ DSV4_DEVICE void split_planes(const float4& v, uint2 (&planes)[kSplitPlanes]) {
   }
 }
 
+// One 64-wide chunk of fn for every mix, as the B operand: [column tile][plane][half of the run][column]
+// [run] (a warp's 16-byte reads of its runs are then contiguous).
 template <int kMixes>
-__global__ void __launch_bounds__(kDotsWarps * kWarpSize) mhc_dots_kernel(MhcPreArgs args) {
-  constexpr int kBlockThreads = kDotsWarps * kWarpSize;
-  constexpr int kColTiles = (kMixes + tile::kCols - 1) / tile::kCols;
-  // The chunk of fn in operand order: [column tile][plane][half of the run][column][run], so that a
-  // warp's 16-byte reads of its B runs are contiguous.
-  __shared__ uint4 fn_runs[kColTiles][kSplitPlanes][2][tile::kCols][tile::kRuns];
-  const int lane = threadIdx.x % kWarpSize;
-  const int warp = threadIdx.x / kWarpSize;
-  const int run = tile::run_of(lane);
-  const int64_t count = mhc::kHcMult * args.hidden;
-  const int64_t chunks = count / tile::kChunk;
-  const int64_t first_chunk = chunks * blockIdx.y / args.k_splits;
-  const int64_t end_chunk = chunks * (blockIdx.y + 1) / args.k_splits;
-  const int64_t warp_token = static_cast<int64_t>(blockIdx.x) * kDotsTokens + warp * tile::kRows;
+struct FnChunk {
+  static constexpr int kColTiles = (kMixes + tile::kCols - 1) / tile::kCols;
+  static constexpr int kVectorsPerColumn = tile::kChunk / 4;
+  static constexpr int kVectors = kColTiles * tile::kCols * kVectorsPerColumn;  // float4 loads per chunk
+  uint4 runs[kColTiles][kSplitPlanes][2][tile::kCols][tile::kRuns];
 
-  const uint16_t* rows[tile::kRowsPerLane];
-  bool valid[tile::kRowsPerLane];
+  // float4 number f of the chunk starting at fn + k0 (zero for the padding columns).
+  static DSV4_DEVICE float4 load(const float* fn, int64_t count, int64_t k0, int f) {
+    const int m = f / kVectorsPerColumn;
+    if (m >= kMixes) return make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    return *reinterpret_cast<const float4*>(fn + m * count + k0 + 4 * (f % kVectorsPerColumn));
+  }
+
+  DSV4_DEVICE void store(int f, const float4& value) {
+    const int m = f / kVectorsPerColumn;
+    const int k = 4 * (f % kVectorsPerColumn);
+    const int within = k % tile::kRunLength;
+    uint2 planes[kSplitPlanes];
+    split_planes(value, planes);
+#pragma unroll
+    for (int p = 0; p < kSplitPlanes; ++p) {
+      uint4& slot = runs[m / tile::kCols][p][within / 8][m % tile::kCols][k / tile::kRunLength];
+      reinterpret_cast<uint2*>(&slot)[(within % 8) / 4] = planes[p];
+    }
+  }
+};
+
+// The lane's share of one chunk: its A runs times every column tile and plane of the chunk, plus the
+// squares of its A values.
+template <int kMixes>
+DSV4_DEVICE void accumulate_chunk(float (&acc)[FnChunk<kMixes>::kColTiles][tile::kAccumulators],
+                                  float (&squares)[tile::kRowsPerLane], const uint4 (&a_runs)[tile::kRowsPerLane][2],
+                                  const FnChunk<kMixes>& chunk, int lane) {
 #pragma unroll
   for (int i = 0; i < tile::kRowsPerLane; ++i) {
-    const int64_t token = warp_token + tile::a_row(lane, i);
-    valid[i] = token < args.tokens;
-    rows[i] = args.residual + (valid[i] ? token : 0) * count + run * tile::kRunLength;
-  }
-  float acc[kColTiles][tile::kAccumulators];
-  float squares[tile::kRowsPerLane];
 #pragma unroll
-  for (int c = 0; c < kColTiles; ++c) {
-#pragma unroll
-    for (int e = 0; e < tile::kAccumulators; ++e) acc[c][e] = 0.0f;
-  }
-#pragma unroll
-  for (int i = 0; i < tile::kRowsPerLane; ++i) squares[i] = 0.0f;
-
-  // Software pipeline: the next chunk's fn values wait in registers (staged) and this chunk's stream
-  // values are in flight while the block synchronizes.
-  constexpr int kVectorsPerColumn = tile::kChunk / 4;
-  constexpr int kStageVectors = kColTiles * tile::kCols * kVectorsPerColumn;
-  constexpr int kStaged = (kStageVectors + kBlockThreads - 1) / kBlockThreads;
-  float4 staged[kStaged];
-  const auto stage = [&](int64_t chunk) {
-#pragma unroll
-    for (int s = 0; s < kStaged; ++s) {
-      const int f = threadIdx.x + s * kBlockThreads;
-      const int m = f / kVectorsPerColumn;
-      staged[s] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-      if (f < kStageVectors && m < kMixes) {
-        staged[s] = *reinterpret_cast<const float4*>(args.fn + m * count + chunk * tile::kChunk +
-                                                     4 * (f % kVectorsPerColumn));
-      }
+    for (int w = 0; w < 8; ++w) {
+      const uint32_t word = word_of(a_runs[i], w);
+      squares[i] += bf16_low(word) * bf16_low(word) + bf16_high(word) * bf16_high(word);
     }
-  };
-  const auto store_staged = [&]() {
+  }
+  const int col = tile::b_col(lane);
+  const int run = tile::run_of(lane);
 #pragma unroll
-    for (int s = 0; s < kStaged; ++s) {
-      const int f = threadIdx.x + s * kBlockThreads;
-      if (f < kStageVectors) {
-        const int m = f / kVectorsPerColumn;
-        const int k = 4 * (f % kVectorsPerColumn);
-        const int within = k % tile::kRunLength;
-        uint2 planes[kSplitPlanes];
-        split_planes(staged[s], planes);
+  for (int c = 0; c < FnChunk<kMixes>::kColTiles; ++c) {
 #pragma unroll
-        for (int p = 0; p < kSplitPlanes; ++p) {
-          uint4& slot = fn_runs[m / tile::kCols][p][within / 8][m % tile::kCols][k / tile::kRunLength];
-          reinterpret_cast<uint2*>(&slot)[(within % 8) / 4] = planes[p];
+    for (int p = 0; p < kSplitPlanes; ++p) {
+      const uint4 b_runs[2] = {chunk.runs[c][p][0][col][run], chunk.runs[c][p][1][col][run]};
+#pragma unroll
+      for (int step = 0; step < 4; ++step) {
+        uint32_t a[tile::kRowsPerLane][2];
+#pragma unroll
+        for (int i = 0; i < tile::kRowsPerLane; ++i) {
+          a[i][0] = word_of(a_runs[i], 2 * step);
+          a[i][1] = word_of(a_runs[i], 2 * step + 1);
         }
-      }
-    }
-  };
-
-  if (first_chunk < end_chunk) stage(first_chunk);
-  for (int64_t chunk = first_chunk; chunk < end_chunk; ++chunk) {
-    uint4 a_runs[tile::kRowsPerLane][2];
-#pragma unroll
-    for (int i = 0; i < tile::kRowsPerLane; ++i) {
-      if (valid[i]) {
-        const uint4* src = reinterpret_cast<const uint4*>(rows[i] + chunk * tile::kChunk);
-        a_runs[i][0] = src[0];
-        a_runs[i][1] = src[1];
-      } else {
-        a_runs[i][0] = a_runs[i][1] = make_uint4(0u, 0u, 0u, 0u);
-      }
-    }
-    __syncthreads();  // the previous chunk's fn is no longer read
-    store_staged();
-    __syncthreads();
-    if (chunk + 1 < end_chunk) stage(chunk + 1);
-#pragma unroll
-    for (int i = 0; i < tile::kRowsPerLane; ++i) {
-#pragma unroll
-      for (int w = 0; w < 8; ++w) {
-        const uint32_t word = word_of(a_runs[i], w);
-        squares[i] += bf16_low(word) * bf16_low(word) + bf16_high(word) * bf16_high(word);
-      }
-    }
-#pragma unroll
-    for (int c = 0; c < kColTiles; ++c) {
-#pragma unroll
-      for (int p = 0; p < kSplitPlanes; ++p) {
-        const uint4 b_runs[2] = {fn_runs[c][p][0][tile::b_col(lane)][run], fn_runs[c][p][1][tile::b_col(lane)][run]};
-#pragma unroll
-        for (int step = 0; step < 4; ++step) {
-          uint32_t a[tile::kRowsPerLane][2];
-#pragma unroll
-          for (int i = 0; i < tile::kRowsPerLane; ++i) {
-            a[i][0] = word_of(a_runs[i], 2 * step);
-            a[i][1] = word_of(a_runs[i], 2 * step + 1);
-          }
-          const uint32_t b[2] = {word_of(b_runs, 2 * step), word_of(b_runs, 2 * step + 1)};
-          tile::mma_step(acc[c], a, b);
-        }
+        const uint32_t b[2] = {word_of(b_runs, 2 * step), word_of(b_runs, 2 * step + 1)};
+        tile::mma_step(acc[c], a, b);
       }
     }
   }
+}
+
+// The warp's partial sums (dot products and sums of squares of its 16 tokens) for k slice `split`.
+template <int kMixes>
+DSV4_DEVICE void write_partials(const MhcPreArgs& args, int split, int64_t warp_token, int lane,
+                                float (&acc)[FnChunk<kMixes>::kColTiles][tile::kAccumulators],
+                                float (&squares)[tile::kRowsPerLane]) {
   // The sum of squares of a row: its runs are spread over kRuns lanes.
 #pragma unroll
   for (int i = 0; i < tile::kRowsPerLane; ++i) {
     squares[i] += shuffle_xor(squares[i], tile::kRunLaneMask0, kWarpSize);
     squares[i] += shuffle_xor(squares[i], tile::kRunLaneMask1, kWarpSize);
   }
-  float* partials = args.partials + static_cast<int64_t>(blockIdx.y) * args.tokens * (kMixes + 1);
+  // Layout [token][split][mix]: the epilogue's lanes then read a token's slices contiguously.
+  const auto partial = [&](int64_t token) { return args.partials + (token * args.k_splits + split) * (kMixes + 1); };
 #pragma unroll
-  for (int c = 0; c < kColTiles; ++c) {
+  for (int c = 0; c < FnChunk<kMixes>::kColTiles; ++c) {
 #pragma unroll
     for (int e = 0; e < tile::kAccumulators; ++e) {
       const int64_t token = warp_token + tile::d_row(lane, e);
       const int mix = c * tile::kCols + tile::d_col(lane, e);
-      if (token < args.tokens && mix < kMixes) partials[token * (kMixes + 1) + mix] = acc[c][e];
+      if (token < args.tokens && mix < kMixes) partial(token)[mix] = acc[c][e];
     }
   }
-  if (run == 0) {
+  if (tile::run_of(lane) == 0) {
 #pragma unroll
     for (int i = 0; i < tile::kRowsPerLane; ++i) {
       const int64_t token = warp_token + tile::a_row(lane, i);
-      if (token < args.tokens) partials[token * (kMixes + 1) + kMixes] = squares[i];
+      if (token < args.tokens) partial(token)[kMixes] = squares[i];
     }
   }
 }
 
-// One thread per token: the partial sums in split order, then the epilogue; the pre weights go to the
-// workspace for the collapse.
+// The 64-wide chunks [first, end) of slice blockIdx.y out of `chunks`.
+struct ChunkSlice {
+  int64_t first;
+  int64_t end;
+};
+DSV4_DEVICE ChunkSlice chunk_slice(int64_t chunks, int k_splits) {
+  return {chunks * blockIdx.y / k_splits, chunks * (blockIdx.y + 1) / k_splits};
+}
+
+template <int kMixes>
+__global__ void __launch_bounds__(kDotsWarps * kWarpSize) mhc_dots_kernel(MhcPreArgs args) {
+  using Chunk = FnChunk<kMixes>;
+  constexpr int kBlockThreads = kDotsWarps * kWarpSize;
+  __shared__ Chunk fn_chunk;
+  const int lane = threadIdx.x % kWarpSize;
+  const int warp = threadIdx.x / kWarpSize;
+  const int run = tile::run_of(lane);
+  const int64_t count = mhc::kHcMult * args.hidden;
+  // The slice: chunks of the flattened row [4 * hidden].
+  const ChunkSlice slice = chunk_slice(count / tile::kChunk, args.k_splits);
+  const int64_t steps = slice.end - slice.first;
+  const auto k_of = [&](int64_t step) { return (slice.first + step) * tile::kChunk; };
+  const int64_t warp_token = static_cast<int64_t>(blockIdx.x) * kDotsTokens + warp * kDotsTilesPerWarp * tile::kRows;
+
+  const uint16_t* rows[kDotsTilesPerWarp][tile::kRowsPerLane];
+  bool valid[kDotsTilesPerWarp][tile::kRowsPerLane];
+  float acc[kDotsTilesPerWarp][Chunk::kColTiles][tile::kAccumulators];
+  float squares[kDotsTilesPerWarp][tile::kRowsPerLane];
+#pragma unroll
+  for (int m = 0; m < kDotsTilesPerWarp; ++m) {
+#pragma unroll
+    for (int i = 0; i < tile::kRowsPerLane; ++i) {
+      const int64_t token = warp_token + m * tile::kRows + tile::a_row(lane, i);
+      valid[m][i] = token < args.tokens;
+      rows[m][i] = args.residual + (valid[m][i] ? token : 0) * count + run * tile::kRunLength;
+      squares[m][i] = 0.0f;
+    }
+#pragma unroll
+    for (int c = 0; c < Chunk::kColTiles; ++c) {
+#pragma unroll
+      for (int e = 0; e < tile::kAccumulators; ++e) acc[m][c][e] = 0.0f;
+    }
+  }
+
+  // Software pipeline: the next chunk's fn values wait in registers (staged) and this chunk's stream
+  // values are in flight while the block synchronizes.
+  constexpr int kStaged = (Chunk::kVectors + kBlockThreads - 1) / kBlockThreads;
+  float4 staged[kStaged];
+  const auto stage = [&](int64_t k0) {
+#pragma unroll
+    for (int s = 0; s < kStaged; ++s) {
+      const int f = threadIdx.x + s * kBlockThreads;
+      if (f < Chunk::kVectors) staged[s] = Chunk::load(args.fn, count, k0, f);
+    }
+  };
+  if (steps > 0) stage(k_of(0));
+  for (int64_t step = 0; step < steps; ++step) {
+    const int64_t k0 = k_of(step);
+    uint4 a_runs[kDotsTilesPerWarp][tile::kRowsPerLane][2];
+#pragma unroll
+    for (int m = 0; m < kDotsTilesPerWarp; ++m) {
+#pragma unroll
+      for (int i = 0; i < tile::kRowsPerLane; ++i) {
+        if (valid[m][i]) {
+          const uint4* src = reinterpret_cast<const uint4*>(rows[m][i] + k0);
+          a_runs[m][i][0] = src[0];
+          a_runs[m][i][1] = src[1];
+        } else {
+          a_runs[m][i][0] = a_runs[m][i][1] = make_uint4(0u, 0u, 0u, 0u);
+        }
+      }
+    }
+    __syncthreads();  // the previous chunk of fn is no longer read
+#pragma unroll
+    for (int s = 0; s < kStaged; ++s) {
+      const int f = threadIdx.x + s * kBlockThreads;
+      if (f < Chunk::kVectors) fn_chunk.store(f, staged[s]);
+    }
+    __syncthreads();
+    if (step + 1 < steps) stage(k_of(step + 1));
+#pragma unroll
+    for (int m = 0; m < kDotsTilesPerWarp; ++m) accumulate_chunk<kMixes>(acc[m], squares[m], a_runs[m], fn_chunk, lane);
+  }
+#pragma unroll
+  for (int m = 0; m < kDotsTilesPerWarp; ++m) {
+    write_partials<kMixes>(args, blockIdx.y, warp_token + m * tile::kRows, lane, acc[m], squares[m]);
+  }
+}
+
+// mhc_fused_post_pre: the post of the previous sub-layer computed straight into the A operand of the
+// next pre's dot products and written out once; the dot products never read the new residual back.
+// Per 64-wide chunk of hidden dims, a lane computes its runs of all 4 new streams.
+__global__ void __launch_bounds__(kDotsWarps * kWarpSize) mhc_post_dots_kernel(MhcPostArgs post, MhcPreArgs args) {
+  constexpr int kMixes = mhc::kPreMixes;
+  constexpr int kStreams = mhc::kHcMult;
+  using Chunk = FnChunk<kMixes>;
+  constexpr int kBlockThreads = kDotsWarps * kWarpSize;
+  __shared__ Chunk fn_chunks[kStreams];
+  // post[j] and comb[i][j] of the block's tokens.
+  __shared__ float coefficients[kPostDotsTokens][kStreams + kStreams * kStreams];
+  const int lane = threadIdx.x % kWarpSize;
+  const int warp = threadIdx.x / kWarpSize;
+  const int run = tile::run_of(lane);
+  const int64_t hidden = args.hidden;
+  const int64_t count = kStreams * hidden;
+  // The slice: chunks of the hidden dims, each covering the same dims of all 4 streams.
+  const ChunkSlice slice = chunk_slice(hidden / tile::kChunk, args.k_splits);
+  const int64_t block_token = static_cast<int64_t>(blockIdx.x) * kPostDotsTokens;
+  const int64_t warp_token = block_token + warp * tile::kRows;
+  for (int i = threadIdx.x; i < kPostDotsTokens * (kStreams + kStreams * kStreams); i += kBlockThreads) {
+    const int t = i / (kStreams + kStreams * kStreams);
+    const int e = i % (kStreams + kStreams * kStreams);
+    const int64_t token = block_token + t < args.tokens ? block_token + t : 0;
+    coefficients[t][e] = e < kStreams ? post.post_mix[token * kStreams + e]
+                                      : post.comb_mix[token * kStreams * kStreams + e - kStreams];
+  }
+
+  int64_t tokens[tile::kRowsPerLane];
+  bool valid[tile::kRowsPerLane];
+#pragma unroll
+  for (int i = 0; i < tile::kRowsPerLane; ++i) {
+    tokens[i] = warp_token + tile::a_row(lane, i);
+    valid[i] = tokens[i] < args.tokens;
+  }
+  float acc[Chunk::kColTiles][tile::kAccumulators];
+  float squares[tile::kRowsPerLane];
+#pragma unroll
+  for (int c = 0; c < Chunk::kColTiles; ++c) {
+#pragma unroll
+    for (int e = 0; e < tile::kAccumulators; ++e) acc[c][e] = 0.0f;
+  }
+#pragma unroll
+  for (int i = 0; i < tile::kRowsPerLane; ++i) squares[i] = 0.0f;
+
+  for (int64_t dim_chunk = slice.first; dim_chunk < slice.end; ++dim_chunk) {
+    const int64_t d0 = dim_chunk * tile::kChunk + run * tile::kRunLength;
+    // x and the 4 old streams of the lane's runs, loaded before the block waits for fn.
+    uint4 x_runs[tile::kRowsPerLane][2];
+    uint4 old_runs[tile::kRowsPerLane][kStreams][2];
+#pragma unroll
+    for (int i = 0; i < tile::kRowsPerLane; ++i) {
+      const int64_t token = valid[i] ? tokens[i] : 0;
+      const uint4* x_src = reinterpret_cast<const uint4*>(post.x + token * hidden + d0);
+      x_runs[i][0] = x_src[0];
+      x_runs[i][1] = x_src[1];
+#pragma unroll
+      for (int j = 0; j < kStreams; ++j) {
+        const uint4* src = reinterpret_cast<const uint4*>(post.residual + token * count + j * hidden + d0);
+        old_runs[i][j][0] = src[0];
+        old_runs[i][j][1] = src[1];
+      }
+    }
+    __syncthreads();  // the previous chunks of fn are no longer read (and the coefficients are stored)
+    for (int f = threadIdx.x; f < kStreams * Chunk::kVectors; f += kBlockThreads) {
+      const int j = f / Chunk::kVectors;
+      const int g = f % Chunk::kVectors;
+      fn_chunks[j].store(g, Chunk::load(args.fn, count, j * hidden + dim_chunk * tile::kChunk, g));
+    }
+    __syncthreads();
+    // new_j = post_j * x + sum_i comb[i][j] * old_i in fp32, rounded once to bf16 (as mhc_post_kernel).
+    uint4 new_runs[kStreams][tile::kRowsPerLane][2];
+#pragma unroll
+    for (int i = 0; i < tile::kRowsPerLane; ++i) {
+      const float* coefficient = coefficients[tokens[i] - block_token];
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const uint32_t x_words[4] = {x_runs[i][h].x, x_runs[i][h].y, x_runs[i][h].z, x_runs[i][h].w};
+#pragma unroll
+        for (int j = 0; j < kStreams; ++j) {
+          uint32_t out_words[4];
+#pragma unroll
+          for (int w = 0; w < 4; ++w) {
+            float values[2] = {coefficient[j] * bf16_low(x_words[w]), coefficient[j] * bf16_high(x_words[w])};
+#pragma unroll
+            for (int stream = 0; stream < kStreams; ++stream) {
+              const uint32_t old = word_of(old_runs[i][stream], 4 * h + w);
+              const float comb = coefficient[kStreams + stream * kStreams + j];
+              values[0] += comb * bf16_low(old);
+              values[1] += comb * bf16_high(old);
+            }
+            out_words[w] = float_to_bf16_bits(values[0]) | (static_cast<uint32_t>(float_to_bf16_bits(values[1])) << 16);
+          }
+          new_runs[j][i][h] = make_uint4(out_words[0], out_words[1], out_words[2], out_words[3]);
+        }
+      }
+      if (valid[i]) {
+#pragma unroll
+        for (int j = 0; j < kStreams; ++j) {
+          uint4* dst = reinterpret_cast<uint4*>(post.out + tokens[i] * count + j * hidden + d0);
+          dst[0] = new_runs[j][i][0];
+          dst[1] = new_runs[j][i][1];
+        }
+      } else {
+#pragma unroll
+        for (int j = 0; j < kStreams; ++j) new_runs[j][i][0] = new_runs[j][i][1] = make_uint4(0u, 0u, 0u, 0u);
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < kStreams; ++j) accumulate_chunk<kMixes>(acc, squares, new_runs[j], fn_chunks[j], lane);
+  }
+  write_partials<kMixes>(args, blockIdx.y, warp_token, lane, acc, squares);
+}
+
+// sums[index] for a runtime index, without dynamic indexing (which would move sums to local memory).
+template <int kCount>
+DSV4_DEVICE float select(const float (&values)[kCount], int index) {
+  float chosen = 0.0f;
+#pragma unroll
+  for (int i = 0; i < kCount; ++i) chosen = i == index ? values[i] : chosen;
+  return chosen;
+}
+
+// A 32-lane group per token: the partial sums of the k slices (lane l adds slices l, l + 32, ..., then a
+// butterfly: a fixed order), then the epilogue of dsv4/mhc.h spread over lanes: lane e < 16 holds comb
+// value e (row e / 4, column e % 4) through the Sinkhorn steps, whose row and column sums are butterflies
+// in the pairwise order of mhc::sum4, so the result equals the one-thread form; lanes 0-3 write the pre
+// weights (to the workspace, for the collapse) and lanes 4-7 the post weights.
 template <int kMixes>
 __global__ void __launch_bounds__(kEpilogueThreads) mhc_epilogue_kernel(MhcPreArgs args, float* pre_weights) {
-  const int64_t token = static_cast<int64_t>(blockIdx.x) * kEpilogueThreads + threadIdx.x;
-  if (token >= args.tokens) return;
+  constexpr int kStreams = mhc::kHcMult;
+  const int group_lane = threadIdx.x % kHalfLanes;
+  const int64_t token = static_cast<int64_t>(blockIdx.x) * kEpilogueTokens + threadIdx.x / kHalfLanes;
+  if (token >= args.tokens) return;  // the whole group: all its lanes share the token
   float sums[kMixes + 1];
 #pragma unroll
   for (int m = 0; m <= kMixes; ++m) sums[m] = 0.0f;
-  for (int s = 0; s < args.k_splits; ++s) {
-    const float* partial = args.partials + (s * args.tokens + token) * (kMixes + 1);
+  for (int s = group_lane; s < args.k_splits; s += kHalfLanes) {
+    const float* partial = args.partials + (token * args.k_splits + s) * (kMixes + 1);
 #pragma unroll
     for (int m = 0; m <= kMixes; ++m) sums[m] += partial[m];
   }
-  const int64_t count = mhc::kHcMult * args.hidden;
-  float weights[mhc::kHcMult];
-  if constexpr (kMixes == mhc::kPreMixes) {
-    float post[mhc::kHcMult];
-    mhc::pre_epilogue(sums, sums[kMixes], count, args.scale, args.base, args.config, weights, post,
-                      args.comb_mix + token * mhc::kHcMult * mhc::kHcMult);
 #pragma unroll
-    for (int i = 0; i < mhc::kHcMult; ++i) args.post_mix[token * mhc::kHcMult + i] = post[i];
-  } else {
-    mhc::head_epilogue(sums, sums[kMixes], count, args.scale, args.base, args.config, weights);
+  for (int m = 0; m <= kMixes; ++m) sums[m] = half_group_sum(sums[m]);
+  const float r = mhc::rms_factor(sums[kMixes], kStreams * args.hidden, args.config.rms_eps);
+  if (group_lane < kStreams) {
+    pre_weights[token * kStreams + group_lane] =
+        mhc::pre_weight(select(sums, group_lane), r, args.scale, args.base[group_lane], args.config);
   }
-#pragma unroll
-  for (int i = 0; i < mhc::kHcMult; ++i) pre_weights[token * mhc::kHcMult + i] = weights[i];
+  if constexpr (kMixes == mhc::kPreMixes) {
+    if (group_lane >= kStreams && group_lane < 2 * kStreams) {
+      args.post_mix[token * kStreams + group_lane - kStreams] =
+          mhc::post_weight(select(sums, group_lane), r, args.scale, args.base[group_lane], args.config);
+    }
+    constexpr int kComb = kStreams * kStreams;  // 16 lanes; lanes 16-31 repeat them
+    const int e = group_lane % kComb;
+    const float eps = args.config.sinkhorn_eps;
+    const float logit = mhc::comb_logit(select(sums, 2 * kStreams + e), r, args.scale, args.base[2 * kStreams + e]);
+    float row_max = fmaxf(logit, shuffle_xor(logit, 1, kComb));
+    row_max = fmaxf(row_max, shuffle_xor(row_max, 2, kComb));
+    const float exponential = expf(logit - row_max);
+    float row_sum = exponential + shuffle_xor(exponential, 1, kComb);
+    row_sum = row_sum + shuffle_xor(row_sum, 2, kComb);
+    float c = exponential * mhc::reciprocal(row_sum) + eps;
+    const auto normalize = [&](int first_mask) {  // 1: rows, 4: columns
+      float sum = c + shuffle_xor(c, first_mask, kComb);
+      sum = sum + shuffle_xor(sum, 2 * first_mask, kComb);
+      c = c * mhc::reciprocal(sum + eps);
+    };
+    normalize(4);
+    for (int pair = 1; pair < args.config.sinkhorn_iters; ++pair) {
+      normalize(1);
+      normalize(4);
+    }
+    if (group_lane < kComb) args.comb_mix[token * kComb + e] = c;
+  }
 }
 
 DSV4_DEVICE float block_sum(float value, float* scratch) {
@@ -354,52 +552,78 @@ __global__ void __launch_bounds__(kThreads) mhc_post_kernel(MhcPostArgs args) {
   }
 }
 
-template <int kMixes>
-void launch_pre_kernels(const MhcPreArgs& args, hipStream_t stream) {
-  const dim3 dots_grid(static_cast<unsigned>((args.tokens + kDotsTokens - 1) / kDotsTokens),
-                       static_cast<unsigned>(args.k_splits));
-  // kWarpSize is a device-pass constant; the host sizes the block from the vendor it compiles for.
+// kWarpSize is a device-pass constant; the host sizes blocks from the vendor it compiles for.
 #if defined(__HIPCC__)
-  constexpr int kHostWarpSize = 64;
+constexpr int kHostWarpSize = 64;
 #else
-  constexpr int kHostWarpSize = 32;
+constexpr int kHostWarpSize = 32;
 #endif
-  hipLaunchKernelGGL((mhc_dots_kernel<kMixes>), dots_grid, dim3(kDotsWarps * kHostWarpSize), 0, stream, args);
+
+dim3 dots_grid(const MhcPreArgs& args, int tokens_per_block) {
+  return dim3(static_cast<unsigned>((args.tokens + tokens_per_block - 1) / tokens_per_block),
+              static_cast<unsigned>(args.k_splits));
+}
+
+// After the dot products: the epilogue, then the collapse.
+template <int kMixes>
+void launch_epilogue_and_collapse(const MhcPreArgs& args, hipStream_t stream) {
   float* pre_weights = args.partials + static_cast<int64_t>(args.k_splits) * args.tokens * (kMixes + 1);
   hipLaunchKernelGGL((mhc_epilogue_kernel<kMixes>),
-                     dim3(static_cast<unsigned>((args.tokens + kEpilogueThreads - 1) / kEpilogueThreads)),
+                     dim3(static_cast<unsigned>((args.tokens + kEpilogueTokens - 1) / kEpilogueTokens)),
                      dim3(kEpilogueThreads), 0, stream, args, pre_weights);
   hipLaunchKernelGGL(mhc_collapse_kernel, dim3(static_cast<unsigned>(args.tokens)), dim3(kThreads), 0, stream, args,
                      static_cast<const float*>(pre_weights));
 }
 
+bool valid_pre(const MhcPreArgs& args, bool fused_post) {
+  return args.tokens >= 0 && args.hidden > 0 && args.hidden % tile::kChunk == 0 &&
+         args.k_splits == mhc_pre_k_splits(args.tokens, args.hidden, fused_post) &&
+         (args.mixes == mhc::kPreMixes || args.mixes == mhc::kHeadMixes);
+}
+
 }  // namespace
 
-int mhc_pre_k_splits(int64_t tokens, int64_t hidden) {
-  const int64_t blocks = (tokens + kDotsTokens - 1) / kDotsTokens;
-  const int64_t chunks = mhc::kHcMult * hidden / tile::kChunk;
+int mhc_pre_k_splits(int64_t tokens, int64_t hidden, bool fused_post) {
+  // Slices are ranges of 64-wide chunks: of the flattened row for pre, of the hidden dims (each covering
+  // all 4 streams) for the fused post + pre.
+  const int64_t tokens_per_block = fused_post ? kPostDotsTokens : kDotsTokens;
+  const int64_t blocks = (tokens + tokens_per_block - 1) / tokens_per_block;
+  const int64_t chunks = (fused_post ? 1 : mhc::kHcMult) * hidden / tile::kChunk;
   int64_t splits = blocks >= kTargetBlocks ? 1 : (kTargetBlocks + blocks - 1) / blocks;
   splits = splits < chunks ? splits : chunks;
   return static_cast<int>(splits < 1 ? 1 : splits);
 }
 
-int64_t mhc_pre_workspace_floats(int64_t tokens, int64_t hidden, int mixes) {
-  return static_cast<int64_t>(mhc_pre_k_splits(tokens, hidden)) * tokens * (mixes + 1) + tokens * mhc::kHcMult;
+int64_t mhc_pre_workspace_floats(int64_t tokens, int64_t hidden, int mixes, bool fused_post) {
+  return static_cast<int64_t>(mhc_pre_k_splits(tokens, hidden, fused_post)) * tokens * (mixes + 1) +
+         tokens * mhc::kHcMult;
 }
 
 LaunchStatus launch_mhc_pre(const MhcPreArgs& args, void* stream) {
-  if (args.tokens < 0 || args.hidden <= 0 || (mhc::kHcMult * args.hidden) % tile::kChunk != 0 ||
-      args.hidden % 8 != 0 || args.k_splits != mhc_pre_k_splits(args.tokens, args.hidden) ||
-      (args.mixes != mhc::kPreMixes && args.mixes != mhc::kHeadMixes)) {
-    return LaunchStatus::kInvalidArgument;
-  }
+  if (!valid_pre(args, false)) return LaunchStatus::kInvalidArgument;
   if (args.tokens == 0) return LaunchStatus::kOk;
   auto hip_stream = static_cast<hipStream_t>(stream);
   if (args.mixes == mhc::kPreMixes) {
-    launch_pre_kernels<mhc::kPreMixes>(args, hip_stream);
+    hipLaunchKernelGGL((mhc_dots_kernel<mhc::kPreMixes>), dots_grid(args, kDotsTokens), dim3(kDotsWarps * kHostWarpSize), 0,
+                       hip_stream, args);
+    launch_epilogue_and_collapse<mhc::kPreMixes>(args, hip_stream);
   } else {
-    launch_pre_kernels<mhc::kHeadMixes>(args, hip_stream);
+    hipLaunchKernelGGL((mhc_dots_kernel<mhc::kHeadMixes>), dots_grid(args, kDotsTokens), dim3(kDotsWarps * kHostWarpSize), 0,
+                       hip_stream, args);
+    launch_epilogue_and_collapse<mhc::kHeadMixes>(args, hip_stream);
   }
+  return last_launch_status();
+}
+
+LaunchStatus launch_mhc_fused_post_pre(const MhcPostArgs& post, const MhcPreArgs& pre, void* stream) {
+  if (!valid_pre(pre, true) || pre.mixes != mhc::kPreMixes || post.tokens != pre.tokens || post.hidden != pre.hidden ||
+      pre.residual != post.out) {
+    return LaunchStatus::kInvalidArgument;
+  }
+  if (pre.tokens == 0) return LaunchStatus::kOk;
+  auto hip_stream = static_cast<hipStream_t>(stream);
+  hipLaunchKernelGGL(mhc_post_dots_kernel, dots_grid(pre, kPostDotsTokens), dim3(kDotsWarps * kHostWarpSize), 0, hip_stream, post, pre);
+  launch_epilogue_and_collapse<mhc::kPreMixes>(pre, hip_stream);
   return last_launch_status();
 }
 

@@ -29,6 +29,29 @@ DSV4_HD float rms_factor(float sum_of_squares, int64_t count, float eps) {
   return 1.0f / sqrtf(sum_of_squares / static_cast<float>(count) + eps);
 }
 
+// 1 / x rounded to nearest: the value of the division, through the cheaper reciprocal instruction on
+// CUDA devices (the Sinkhorn steps are a serial chain of them).
+DSV4_HD float reciprocal(float x) {
+#if defined(__CUDA_ARCH__)
+  return __frcp_rn(x);
+#else
+  return 1.0f / x;
+#endif
+}
+
+// The sum of a row or column of 4: pairwise, so that 4 GPU lanes holding one value each reach the same
+// rounding with two butterfly steps (xor 1 then xor 2 of the lane index) as one thread does here.
+DSV4_HD float sum4(float a, float b, float c, float d) { return (a + b) + (c + d); }
+
+// Per-value formulas of spec §2 steps 2-4 (x = dot * r).
+DSV4_HD float pre_weight(float dot, float r, const float* scale, float base, const PreConfig& config) {
+  return sigmoid(dot * r * scale[0] + base) + config.pre_eps;
+}
+DSV4_HD float post_weight(float dot, float r, const float* scale, float base, const PreConfig& config) {
+  return sigmoid(dot * r * scale[1] + base) * config.post_mult;
+}
+DSV4_HD float comb_logit(float dot, float r, const float* scale, float base) { return dot * r * scale[2] + base; }
+
 // One Sinkhorn normalization: every column (kColumns) or every row of the row-major 4x4 c divided by its
 // sum + eps, as a product with the reciprocal (within an fp32 rounding of the reference's division). The
 // indices are compile-time constants once unrolled, so a GPU thread keeps c in registers.
@@ -36,12 +59,9 @@ template <bool kColumns>
 DSV4_HD void sinkhorn_normalize(float* c, float eps) {
 DSV4_UNROLL
   for (int a = 0; a < kHcMult; ++a) {
-    float sum = 0.0f;
-DSV4_UNROLL
-    for (int b = 0; b < kHcMult; ++b) sum += kColumns ? c[b * kHcMult + a] : c[a * kHcMult + b];
-    // One division per row or column, then products: on a GPU this epilogue runs in one thread per
-    // token, where 16 divisions per step would dominate a decode step's time.
-    const float inverse = 1.0f / (sum + eps);
+    const float sum = kColumns ? sum4(c[a], c[kHcMult + a], c[2 * kHcMult + a], c[3 * kHcMult + a])
+                               : sum4(c[a * kHcMult], c[a * kHcMult + 1], c[a * kHcMult + 2], c[a * kHcMult + 3]);
+    const float inverse = reciprocal(sum + eps);
 DSV4_UNROLL
     for (int b = 0; b < kHcMult; ++b) {
       float& v = kColumns ? c[b * kHcMult + a] : c[a * kHcMult + b];
@@ -51,21 +71,17 @@ DSV4_UNROLL
 }
 
 // Row-major 4x4 logits (row j, column k) -> comb: softmax over k plus eps, a column normalization, then
-// (iters - 1) pairs of row and column normalizations.
+// (iters - 1) pairs of row and column normalizations. (The GPU kernels run the same steps on 16 lanes,
+// one value each.)
 DSV4_HD void sinkhorn(const float* logits, float eps, int iters, float* c) {
 DSV4_UNROLL
   for (int j = 0; j < kHcMult; ++j) {
-    float row_max = logits[j * kHcMult];
-DSV4_UNROLL
-    for (int k = 1; k < kHcMult; ++k) row_max = fmaxf(row_max, logits[j * kHcMult + k]);
+    const float* row = logits + j * kHcMult;
+    const float row_max = fmaxf(fmaxf(row[0], row[1]), fmaxf(row[2], row[3]));
     float e[kHcMult];
-    float sum = 0.0f;
 DSV4_UNROLL
-    for (int k = 0; k < kHcMult; ++k) {
-      e[k] = expf(logits[j * kHcMult + k] - row_max);
-      sum += e[k];
-    }
-    const float inverse = 1.0f / sum;
+    for (int k = 0; k < kHcMult; ++k) e[k] = expf(row[k] - row_max);
+    const float inverse = reciprocal(sum4(e[0], e[1], e[2], e[3]));
 DSV4_UNROLL
     for (int k = 0; k < kHcMult; ++k) c[j * kHcMult + k] = e[k] * inverse + eps;
   }
@@ -83,14 +99,12 @@ DSV4_HD void pre_epilogue(const float* dots, float sum_of_squares, int64_t count
   const float r = rms_factor(sum_of_squares, count, config.rms_eps);
 DSV4_UNROLL
   for (int i = 0; i < kHcMult; ++i) {
-    pre[i] = sigmoid(dots[i] * r * scale[0] + base[i]) + config.pre_eps;
-    post[i] = sigmoid(dots[kHcMult + i] * r * scale[1] + base[kHcMult + i]) * config.post_mult;
+    pre[i] = pre_weight(dots[i], r, scale, base[i], config);
+    post[i] = post_weight(dots[kHcMult + i], r, scale, base[kHcMult + i], config);
   }
   float logits[kHcMult * kHcMult];
 DSV4_UNROLL
-  for (int e = 0; e < kHcMult * kHcMult; ++e) {
-    logits[e] = dots[2 * kHcMult + e] * r * scale[2] + base[2 * kHcMult + e];
-  }
+  for (int e = 0; e < kHcMult * kHcMult; ++e) logits[e] = comb_logit(dots[2 * kHcMult + e], r, scale, base[2 * kHcMult + e]);
   sinkhorn(logits, config.sinkhorn_eps, config.sinkhorn_iters, comb);
 }
 
@@ -98,7 +112,7 @@ DSV4_UNROLL
 DSV4_HD void head_epilogue(const float* dots, float sum_of_squares, int64_t count, const float* scale,
                            const float* base, const PreConfig& config, float* pre) {
   const float r = rms_factor(sum_of_squares, count, config.rms_eps);
-  for (int i = 0; i < kHcMult; ++i) pre[i] = sigmoid(dots[i] * r * scale[0] + base[i]) + config.pre_eps;
+  for (int i = 0; i < kHcMult; ++i) pre[i] = pre_weight(dots[i], r, scale, base[i], config);
 }
 
 }  // namespace dsv4::mhc
