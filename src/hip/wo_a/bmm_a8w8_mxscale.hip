@@ -206,16 +206,33 @@ __global__ void __launch_bounds__(kThreads) bmm_kernel(BmmA8W8MxScaleArgs args) 
 #pragma unroll
   for (int i = 0; i < kAcc; ++i) acc[i] = 0.0f;
 
+  // The weight fragments of the next K block are in flight while this one is multiplied (the weight is
+  // the stream that bounds small M).
+  Frag16 b_next[2][kNTiles];
+  const auto load_b = [&](int64_t kb) {
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+#pragma unroll
+      for (int nt = 0; nt < kNTiles; ++nt) b_next[half][nt] = load16<kVector>(w_rows[nt] + kb * kBlockK + half * kHalfK);
+    }
+  };
+  if (warp_k < k_blocks) load_b(warp_k);
+
   for (int64_t kb = warp_k; kb < k_blocks; kb += kWarpsK) {
+    Frag16 b_block[2][kNTiles];
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+#pragma unroll
+      for (int nt = 0; nt < kNTiles; ++nt) b_block[half][nt] = b_next[half][nt];
+    }
+    if (kb + kWarpsK < k_blocks) load_b(kb + kWarpsK);
     float part[kAcc];
 #pragma unroll
     for (int i = 0; i < kAcc; ++i) part[i] = 0.0f;
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       const int64_t k = kb * kBlockK + half * kHalfK;
-      Frag16 b[kNTiles];
-#pragma unroll
-      for (int nt = 0; nt < kNTiles; ++nt) b[nt] = load16<kVector>(w_rows[nt] + k);
+      const Frag16* b = b_block[half];
       Frag16 a[kMTiles][2];
 #pragma unroll
       for (int mt = 0; mt < kMTiles; ++mt) {
