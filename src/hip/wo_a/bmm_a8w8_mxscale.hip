@@ -316,6 +316,233 @@ __global__ void __launch_bounds__(kThreads) bmm_kernel(BmmA8W8MxScaleArgs args) 
   }
 }
 
+// Large M: a 128 x 64 output tile per block, K in stages of 64 (two per scale block) staged through
+// shared memory, double-buffered: the next stage's loads are in flight while the current stage
+// multiplies (NVIDIA: cp.async into the other buffer; AMD: held in registers, stored after the
+// multiply). Warps: (warps / 2) along M x 2 along N, each a (128 / (warps / 2)) x 32 tile (NVIDIA
+// 32 x 32 = 2 x 4 unit tiles, AMD 64 x 32 = 4 x 2). A 64-byte shared row makes a lane's 16-byte fragment
+// reads conflict-free (the 8 lanes of a phase read 128 contiguous bytes).
+constexpr int kTileM = 128;
+constexpr int kTileNLarge = 64;
+constexpr int kStageK = 64;
+constexpr int kAChunks = kTileM * kStageK / 16 / kThreads;       // 16-byte chunks per thread and stage
+constexpr int kBChunks = kTileNLarge * kStageK / 16 / kThreads;
+static_assert(kAChunks * kThreads * 16 == kTileM * kStageK && kBChunks * kThreads * 16 == kTileNLarge * kStageK,
+              "staging");
+
+__global__ void __launch_bounds__(kThreads) bmm_tiled_kernel(BmmA8W8MxScaleArgs args) {
+  constexpr int kWarpsN = 2;
+  constexpr int kWarpsM = kWarps / kWarpsN;
+  constexpr int kWarpN = kTileNLarge / kWarpsN;
+  constexpr int kMTiles = kTileM / kWarpsM / 16;
+  constexpr int kNTiles = kWarpN / kTileN;
+  constexpr int kAcc = kMTiles * kNTiles * 4;
+  __shared__ __attribute__((aligned(16))) uint8_t a_stage[2][kTileM * kStageK];
+  __shared__ __attribute__((aligned(16))) uint8_t b_stage[2][kTileNLarge * kStageK];
+
+  const int lane = static_cast<int>(threadIdx.x) % kWarpSize;
+  const int warp = static_cast<int>(threadIdx.x) / kWarpSize;
+  const int warp_m = warp / kWarpsN;
+  const int warp_n = warp % kWarpsN;
+#if defined(__AMDGCN__) || defined(__HIP_PLATFORM_AMD__)
+  const int frag_row = lane % 16;
+  const int segment = lane / 16;
+#else
+  const int frag_row = lane / 4;
+  const int segment = lane % 4;
+#endif
+  const int64_t group = blockIdx.z;
+  const int64_t m0 = static_cast<int64_t>(blockIdx.y) * kTileM;
+  const int64_t n0 = static_cast<int64_t>(blockIdx.x) * kTileNLarge;
+  const int64_t stages = args.k / kStageK;
+  const int shift = encoding_shift(args);
+
+  // Staging: chunk c = threadIdx.x + j * kThreads is row c / 4, bytes [16 (c % 4), 16 (c % 4) + 16).
+  const uint8_t* a_src[kAChunks];
+  const uint8_t* b_src[kBChunks];
+  bool a_ok[kAChunks];
+#pragma unroll
+  for (int j = 0; j < kAChunks; ++j) {
+    const int c = static_cast<int>(threadIdx.x) + j * kThreads;
+    const int64_t m = m0 + c / 4;
+    a_ok[j] = m < args.m;
+    a_src[j] = args.x + (a_ok[j] ? m : 0) * args.x_stride_m + group * args.x_stride_g + (c % 4) * 16;
+  }
+#pragma unroll
+  for (int j = 0; j < kBChunks; ++j) {
+    const int c = static_cast<int>(threadIdx.x) + j * kThreads;
+    b_src[j] = args.w + group * args.w_stride_g + (n0 + c / 4) * args.w_stride_n + (c % 4) * 16;
+  }
+#if defined(__CUDA_ARCH__)
+  // NVIDIA: cp.async straight into shared memory (rows past M are zero-filled: source size 0).
+  const auto issue_stage = [&](int64_t stage, int buffer) {
+    const int64_t k = stage * kStageK;
+#pragma unroll
+    for (int j = 0; j < kAChunks; ++j) {
+      const int c = static_cast<int>(threadIdx.x) + j * kThreads;
+      const uint32_t a_dst = static_cast<uint32_t>(__cvta_generic_to_shared(&a_stage[buffer][c * 16]));
+      asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(a_dst), "l"(a_src[j] + k),
+                   "r"(a_ok[j] ? 16 : 0));
+    }
+#pragma unroll
+    for (int j = 0; j < kBChunks; ++j) {
+      const int c = static_cast<int>(threadIdx.x) + j * kThreads;
+      const uint32_t b_dst = static_cast<uint32_t>(__cvta_generic_to_shared(&b_stage[buffer][c * 16]));
+      asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(b_dst), "l"(b_src[j] + k));
+    }
+    asm volatile("cp.async.commit_group;\n" ::);
+  };
+#else
+  uint4 a_regs[kAChunks];
+  uint4 b_regs[kBChunks];
+#endif
+#if !defined(__CUDA_ARCH__)
+  // AMD: the next stage waits in registers while this one multiplies, then goes to shared memory.
+  const auto load_stage = [&](int64_t stage) {
+    const int64_t k = stage * kStageK;
+#pragma unroll
+    for (int j = 0; j < kAChunks; ++j) {
+      a_regs[j] = a_ok[j] ? *reinterpret_cast<const uint4*>(a_src[j] + k) : make_uint4(0u, 0u, 0u, 0u);
+    }
+#pragma unroll
+    for (int j = 0; j < kBChunks; ++j) b_regs[j] = *reinterpret_cast<const uint4*>(b_src[j] + k);
+  };
+  const auto store_stage = [&](int buffer) {
+#pragma unroll
+    for (int j = 0; j < kAChunks; ++j) {
+      *reinterpret_cast<uint4*>(&a_stage[buffer][(threadIdx.x + j * kThreads) * 16]) = a_regs[j];
+    }
+#pragma unroll
+    for (int j = 0; j < kBChunks; ++j) {
+      *reinterpret_cast<uint4*>(&b_stage[buffer][(threadIdx.x + j * kThreads) * 16]) = b_regs[j];
+    }
+  };
+#endif
+
+  // The first accumulator row of this lane (NVIDIA: rows gid, gid + 8; AMD: rows 4q .. 4q + 3 of each
+  // M tile); the scale rows are addressed when a block is folded (pointers held across the loop would
+  // cost registers).
+#if defined(__AMDGCN__) || defined(__HIP_PLATFORM_AMD__)
+  const int64_t lane_m = m0 + warp_m * (kMTiles * 16) + 4 * (lane / 16);
+  constexpr int kLaneRowStep = 1;
+#else
+  const int64_t lane_m = m0 + warp_m * (kMTiles * 16) + lane / 4;
+  constexpr int kLaneRowStep = 8;
+#endif
+  const uint8_t* x_scale_group = args.x_scale + group * args.x_scale_stride_g;
+  const uint8_t* w_scale_row = args.w_scale + group * args.w_scale_stride_g + (n0 / kBlockK) * args.w_scale_stride_nb;
+
+  float acc[kAcc];
+#pragma unroll
+  for (int i = 0; i < kAcc; ++i) acc[i] = 0.0f;
+
+#if defined(__CUDA_ARCH__)
+  issue_stage(0, 0);
+#else
+  load_stage(0);
+  store_stage(0);
+  __syncthreads();
+#endif
+  const int64_t k_blocks = args.k / kBlockK;
+  for (int64_t kb = 0; kb < k_blocks; ++kb) {
+    float part[kAcc];
+#pragma unroll
+    for (int i = 0; i < kAcc; ++i) part[i] = 0.0f;
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {  // stage 2 kb + half lives in buffer `half`
+      const int64_t stage = 2 * kb + half;
+      const bool more = stage + 1 < stages;
+#if defined(__CUDA_ARCH__)
+      if (more) {
+        issue_stage(stage + 1, half ^ 1);
+        asm volatile("cp.async.wait_group 1;\n" ::);
+      } else {
+        asm volatile("cp.async.wait_group 0;\n" ::);
+      }
+      __syncthreads();
+#else
+      if (more) load_stage(stage + 1);
+#endif
+      Frag16 b[kNTiles];
+#pragma unroll
+      for (int nt = 0; nt < kNTiles; ++nt) {
+        const int row = warp_n * kWarpN + nt * kTileN + frag_row;
+        const uint4 v = *reinterpret_cast<const uint4*>(&b_stage[half][row * kStageK + segment * 16]);
+        b[nt] = Frag16{{v.x, v.y, v.z, v.w}};
+      }
+#pragma unroll
+      for (int mt = 0; mt < kMTiles; ++mt) {
+        Frag16 a[2];
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int row = warp_m * (kMTiles * 16) + mt * 16 + frag_row + (kLaneRows == 2 ? 8 * h : 0);
+          if (h == 0 || kLaneRows == 2) {
+            const uint4 v = *reinterpret_cast<const uint4*>(&a_stage[half][row * kStageK + segment * 16]);
+            a[h] = Frag16{{v.x, v.y, v.z, v.w}};
+          } else {
+            a[h] = a[0];
+          }
+        }
+#pragma unroll
+        for (int s = 0; s < 2; ++s) {
+#pragma unroll
+          for (int nt = 0; nt < kNTiles; ++nt) mma_step(&part[(mt * kNTiles + nt) * 4], a[0], a[1], b[nt], s);
+        }
+      }
+#if !defined(__CUDA_ARCH__)
+      if (more) store_stage(half ^ 1);
+#endif
+      __syncthreads();
+    }
+    const uint32_t ws = w_scale_row[kb];
+#pragma unroll
+    for (int mt = 0; mt < kMTiles; ++mt) {
+#pragma unroll
+      for (int r = 0; r < kLaneRows; ++r) {
+        const int64_t m = lane_m + mt * 16 + r * kLaneRowStep;
+        const uint32_t xs = m < args.m ? x_scale_group[m * args.x_scale_stride_m + kb] : 127u;
+        const BlockScale f = block_scale(xs, ws, shift);
+#pragma unroll
+        for (int nt = 0; nt < kNTiles; ++nt) {
+          const float* c = &part[(mt * kNTiles + nt) * 4];
+          float* sum = &acc[(mt * kNTiles + nt) * 4];
+#if defined(__AMDGCN__) || defined(__HIP_PLATFORM_AMD__)
+          sum[r] += (c[r] * f.f1) * f.f2;
+#else
+          sum[2 * r] += (c[2 * r] * f.f1) * f.f2;
+          sum[2 * r + 1] += (c[2 * r + 1] * f.f1) * f.f2;
+#endif
+        }
+      }
+    }
+  }
+
+#pragma unroll
+  for (int mt = 0; mt < kMTiles; ++mt) {
+#pragma unroll
+    for (int nt = 0; nt < kNTiles; ++nt) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+#if defined(__AMDGCN__) || defined(__HIP_PLATFORM_AMD__)
+        const int64_t m = m0 + warp_m * (kMTiles * 16) + mt * 16 + 4 * (lane / 16) + i;
+        const int64_t n = n0 + warp_n * kWarpN + nt * kTileN + lane % 16;
+#else
+        const int64_t m = m0 + warp_m * (kMTiles * 16) + mt * 16 + lane / 4 + 8 * (i / 2);
+        const int64_t n = n0 + warp_n * kWarpN + nt * kTileN + 2 * (lane % 4) + (i % 2);
+#endif
+        if (m >= args.m) continue;
+        const float value = acc[(mt * kNTiles + nt) * 4 + i];
+        const int64_t offset = m * args.out_stride_m + group * args.out_stride_g + n;
+        if (args.out_fp32) {
+          static_cast<float*>(args.out)[offset] = value;
+        } else {
+          static_cast<uint16_t*>(args.out)[offset] = float_to_bf16_bits(value);
+        }
+      }
+    }
+  }
+}
+
 template <int kMTiles, int kBlockN, bool kSplitK>
 LaunchStatus launch_config(const BmmA8W8MxScaleArgs& args, bool vector, hipStream_t stream) {
   const int64_t m_tiles = (args.m + kMTiles * 16 - 1) / (kMTiles * 16);
@@ -344,7 +571,13 @@ LaunchStatus launch_bmm_a8w8_mxscale(const BmmA8W8MxScaleArgs& args, void* strea
   if (args.m <= 16) return launch_config<1, 16, true>(args, vector, hip_stream);
   if (args.m <= 32) return launch_config<2, 16, true>(args, vector, hip_stream);
   if (args.m <= 64) return launch_config<4, 16, true>(args, vector, hip_stream);
-  return launch_config<4, 128, false>(args, vector, hip_stream);
+  if (!vector) return launch_config<4, 128, false>(args, vector, hip_stream);  // unaligned rows: no staging
+  const int64_t m_tiles = (args.m + kTileM - 1) / kTileM;
+  if (m_tiles > 65535 || args.groups > 65535) return LaunchStatus::kInvalidArgument;
+  const dim3 grid(static_cast<unsigned>(args.n / kTileNLarge), static_cast<unsigned>(m_tiles),
+                  static_cast<unsigned>(args.groups));
+  hipLaunchKernelGGL(bmm_tiled_kernel, grid, dim3(kThreads), 0, hip_stream, args);
+  return last_launch_status();
 }
 
 }  // namespace dsv4::gpu
