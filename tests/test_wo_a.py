@@ -360,6 +360,47 @@ def test_prepare_rejects_zero_groups_and_uses_bf16_where_no_kernel(monkeypatch):
     assert plan.path == "bf16" and "bmm_a8w8_mxscale: disabled by DSV4OPS_DISABLE" in plan.reason
 
 
+def test_gemm_path_table_is_well_formed_and_selects_by_tokens():
+    for device_type, rows in wo_a.WO_A_GEMM_PATHS.items():
+        assert rows and rows[-1][0] is None, f"{device_type}: the last row must be unbounded"
+        bounds = [bound for bound, _ in rows[:-1]]
+        assert bounds == sorted(bounds) and all(bound > 0 for bound in bounds), f"{device_type}: rows out of order"
+        assert all(path in wo_a.GEMM_PATH_NAMES for _, path in rows), f"{device_type}: unknown path"
+    table = {"cpu": ((2, "bf16"), (8, "vendor_fp8"), (None, "fp8_kernel"))}
+    assert [wo_a.gemm_path(t, "cpu", table) for t in (1, 2, 3, 8, 9, 10**6)] == [
+        "bf16", "bf16", "vendor_fp8", "vendor_fp8", "fp8_kernel", "fp8_kernel"]
+    assert wo_a.gemm_path(5, "xpu", table) == "fp8_kernel"
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("fp8_format", ["ocp", "fnuz"])
+def test_forward_follows_the_path_table(monkeypatch, device, fp8_format):
+    """Each path of the table serves an FP8 plan: the vendor GEMM gives the kernel's product (or is the
+    kernel where it cannot run), the BF16 path tracks it within the activation quantization error."""
+    if device == "cuda" and fp8_format == "fnuz":
+        pytest.skip("NVIDIA has no FNUZ plans")
+    groups, t = 2, 16
+    weight, scale = checkpoint(groups, seed=90)
+    weight, scale, cos_sin = weight.to(device), scale.to(device), rope_table(64).to(device)
+    plan = dsv4ops.prepare_wo_a(weight, scale, groups, 1024, cos_sin, device, fp8_format=fp8_format)
+    assert plan.path == "fp8"
+    o = attention_output(t, groups * 8, seed=91, log_normal=True).to(device)
+    positions = torch.arange(t, device=device)
+    results = {}
+    for path in wo_a.GEMM_PATH_NAMES:
+        monkeypatch.setitem(wo_a.WO_A_GEMM_PATHS, torch.device(device).type, ((None, path),))
+        results[path] = dsv4ops.wo_a_forward(o, positions, plan, apply_inverse_rope=True).double().flatten()
+    kernel = results["fp8_kernel"]
+    if device == "cpu":
+        assert torch.equal(results["vendor_fp8"], kernel)  # no vendor GEMM on the CPU: the kernel serves
+    else:
+        assert float((results["vendor_fp8"] - kernel).norm() / kernel.norm()) < 1e-2
+    assert plan._bf16_weight is not None, "the BF16 path built the dequantized weight"
+    bf16 = results["bf16"]
+    assert float((bf16 - kernel).norm() / bf16.norm()) < 0.05
+    assert float(torch.dot(bf16, kernel) / (bf16.norm() * kernel.norm())) > 0.998
+
+
 @pytest.mark.parametrize(
     "scale,expected",
     [
