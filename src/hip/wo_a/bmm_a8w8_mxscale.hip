@@ -10,22 +10,23 @@
 // fp32 sum with the block's scale 2^(xs + ws - 254) (exact: a power of two, spec §4.5). Operands in the
 // other encoding than the unit's take one more factor 2 (an FNUZ byte is worth half the OCP byte).
 //
-// Fragments come straight from global memory with 16-byte loads, no shared memory: a lane loads 16
-// consecutive bytes of an x row and of a w row per 64-deep half block, and the products over k are
-// matched by giving the A and B slots the same permutation of k (a dot product does not depend on the
-// order of its terms). NVIDIA (lane = 4 * gid + tid): A rows gid and gid + 8 and B column gid take the
-// lane's bytes [16 * tid, 16 * tid + 16) of the half; MMA s in {0, 1} takes bytes 8s..8s+3 as slots
-// 4*tid..4*tid+3 and bytes 8s+4..8s+7 as slots 16+4*tid..16+4*tid+3 (A registers 0/2, B registers 0/1).
-// AMD (lane = 16 * q + i): A row i and B column i take bytes [16 q, 16 q + 16); MFMA s takes bytes
-// 8s..8s+7 as slots 8q..8q+7.
+// The k permutation: a lane loads 16 consecutive bytes of an x row and of a w row per 64-deep half block,
+// and the products over k are matched by giving the A and B slots the same permutation of k (a dot
+// product does not depend on the order of its terms). NVIDIA (lane = 4 * gid + tid): A rows gid and
+// gid + 8 and B column gid take the lane's bytes [16 * tid, 16 * tid + 16) of the half; MMA s in {0, 1}
+// takes bytes 8s..8s+3 as slots 4*tid..4*tid+3 and bytes 8s+4..8s+7 as slots 16+4*tid..16+4*tid+3
+// (A registers 0/2, B registers 0/1). AMD (lane = 16 * q + i): A row i and B column i take bytes
+// [16 q, 16 q + 16); MFMA s takes bytes 8s..8s+7 as slots 8q..8q+7.
 //
-// Work split. A block (256 threads) owns an M tile of kMTiles * 16 rows and an N tile of kBlockN columns
-// of one group:
-//   * split-K configuration (small M: the op reads the weight once and is bound by it): every warp of the
-//     block covers the whole N tile and a strided share of the K blocks; the warps' fp32 sums are added in
-//     shared memory in warp order (deterministic). kBlockN = 16 gives 64 blocks per group for N = 1024.
-//   * N-split configuration (large M): the warps share out the N tile (kBlockN = 128, one w scale per K
-//     block), each over the whole K; x rows are shared through the L1 cache.
+// Work split (256 threads a block):
+//   * M <= 64 (decode: the op reads the weight once and is bound by it): bmm_kernel, split-K. A block owns
+//     kMTiles * 16 rows and 16 columns of one group (64 blocks per group for N = 1024); every warp covers
+//     them over a strided share of the K blocks, with fragments loaded straight from global memory
+//     (16-byte loads, the next K block's weight in flight while one multiplies); the warps' fp32 sums are
+//     added in shared memory in warp order (deterministic, no atomics).
+//   * M > 64: bmm_tiled_kernel, a 128 x 64 tile through double-buffered shared memory (below).
+//   * M > 64 with rows that are not 16-byte aligned: bmm_kernel with the warps splitting a 128-wide N
+//     tile, each over the whole K (element-wise loads).
 // Rows past M load zeros and are not stored. 64-bit offsets throughout.
 #include "dsv4/bf16.h"
 #include "dsv4/launch.h"
