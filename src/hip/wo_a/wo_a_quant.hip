@@ -1,6 +1,7 @@
 // wo_a elementwise kernels (spec/wo_a.md §3): inverse_rope_group_quant and inverse_rope. The per-element
 // numerics are the CPU path's own (dsv4/rope.h rope_unrotate_pair, dsv4/ue8m0.h ue8m0_encode_rceil,
-// dsv4/ds_mla.h ue8m0_inverse_scale, dsv4/fp8.h fp8_encode_clamped), so the bytes equal the CPU bytes.
+// dsv4/ds_mla.h ue8m0_inverse_scale, dsv4/fp8.h fp8_encode_clamped, two at a time through dsv4/fp8x2.h),
+// so the bytes equal the CPU bytes.
 //
 // Both kernels are memory bound and treat the input as a flat array: o [S, H, 512] read as [S, G, D]
 // is the same element order as x_fp8 [S, G, D] (spec §3.5), so element e of o becomes byte e of x_fp8.
@@ -13,6 +14,7 @@
 #include "dsv4/bf16.h"
 #include "dsv4/ds_mla.h"
 #include "dsv4/fp8.h"
+#include "dsv4/fp8x2.h"
 #include "dsv4/launch.h"
 #include "dsv4/rope.h"
 #include "dsv4/ue8m0.h"
@@ -99,12 +101,9 @@ __global__ void __launch_bounds__(kElementwiseThreads)
     uint32_t words[kQuantLanes / 4];
 #pragma unroll
     for (int w = 0; w < kQuantLanes / 4; ++w) {
-      uint32_t word = 0;
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        word |= static_cast<uint32_t>(fp8_encode_clamped<F>(values[4 * w + i] * inverse, args.quant_max)) << (8 * i);
-      }
-      words[w] = word;
+      words[w] = fp8x2_encode_clamped<F>(values[4 * w] * inverse, values[4 * w + 1] * inverse, args.quant_max) |
+                 (fp8x2_encode_clamped<F>(values[4 * w + 2] * inverse, values[4 * w + 3] * inverse,
+                                          args.quant_max) << 16);
     }
     uint8_t* out = args.x_fp8 + flat;
     if (vector) {
