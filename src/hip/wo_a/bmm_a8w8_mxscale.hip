@@ -186,22 +186,16 @@ __global__ void __launch_bounds__(kThreads) bmm_kernel(BmmA8W8MxScaleArgs args) 
     w_rows[nt] = args.w + group * args.w_stride_g + (n_warp + nt * kTileN + frag_row) * args.w_stride_n + segment * 16;
   }
   const uint8_t* w_scale_row = args.w_scale + group * args.w_scale_stride_g + (n_warp / kBlockK) * args.w_scale_stride_nb;
-  // The accumulator rows of this lane: NVIDIA c0,c1 row gid, c2,c3 row gid + 8; AMD c_r row 4q + r.
-  const uint8_t* scale_rows[kMTiles][kLaneRows];
-  bool scale_ok[kMTiles][kLaneRows];
-#pragma unroll
-  for (int mt = 0; mt < kMTiles; ++mt) {
-#pragma unroll
-    for (int r = 0; r < kLaneRows; ++r) {
+  // The accumulator rows of this lane: NVIDIA c0,c1 row gid, c2,c3 row gid + 8; AMD c_r row 4q + r (the
+  // scale bytes are addressed per K block: pointers held across the loop would cost registers).
 #if defined(__AMDGCN__) || defined(__HIP_PLATFORM_AMD__)
-      const int64_t m = m0 + mt * 16 + 4 * (lane / 16) + r;
+  const int64_t lane_m = m0 + 4 * (lane / 16);
+  constexpr int kLaneRowStep = 1;
 #else
-      const int64_t m = m0 + mt * 16 + lane / 4 + 8 * r;
+  const int64_t lane_m = m0 + lane / 4;
+  constexpr int kLaneRowStep = 8;
 #endif
-      scale_ok[mt][r] = m < args.m;
-      scale_rows[mt][r] = args.x_scale + (scale_ok[mt][r] ? m : 0) * args.x_scale_stride_m + group * args.x_scale_stride_g;
-    }
-  }
+  const uint8_t* x_scale_group = args.x_scale + group * args.x_scale_stride_g;
 
   float acc[kAcc];
 #pragma unroll
@@ -209,12 +203,24 @@ __global__ void __launch_bounds__(kThreads) bmm_kernel(BmmA8W8MxScaleArgs args) 
 
   // The weight fragments of the next K block are in flight while this one is multiplied (the weight is
   // the stream that bounds small M).
+  // The block's scale bytes come with them.
   Frag16 b_next[2][kNTiles];
+  uint32_t ws_next = 0;
+  uint32_t xs_next[kMTiles][kLaneRows];
   const auto load_b = [&](int64_t kb) {
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
 #pragma unroll
       for (int nt = 0; nt < kNTiles; ++nt) b_next[half][nt] = load16<kVector>(w_rows[nt] + kb * kBlockK + half * kHalfK);
+    }
+    ws_next = w_scale_row[kb];
+#pragma unroll
+    for (int mt = 0; mt < kMTiles; ++mt) {
+#pragma unroll
+      for (int r = 0; r < kLaneRows; ++r) {
+        const int64_t m = lane_m + mt * 16 + r * kLaneRowStep;
+        xs_next[mt][r] = m < args.m ? x_scale_group[m * args.x_scale_stride_m + kb] : 127u;
+      }
     }
   };
   if (warp_k < k_blocks) load_b(warp_k);
@@ -225,6 +231,13 @@ __global__ void __launch_bounds__(kThreads) bmm_kernel(BmmA8W8MxScaleArgs args) 
     for (int half = 0; half < 2; ++half) {
 #pragma unroll
       for (int nt = 0; nt < kNTiles; ++nt) b_block[half][nt] = b_next[half][nt];
+    }
+    const uint32_t ws = ws_next;
+    uint32_t xs_block[kMTiles][kLaneRows];
+#pragma unroll
+    for (int mt = 0; mt < kMTiles; ++mt) {
+#pragma unroll
+      for (int r = 0; r < kLaneRows; ++r) xs_block[mt][r] = xs_next[mt][r];
     }
     if (kb + kWarpsK < k_blocks) load_b(kb + kWarpsK);
     float part[kAcc];
@@ -255,13 +268,11 @@ __global__ void __launch_bounds__(kThreads) bmm_kernel(BmmA8W8MxScaleArgs args) 
         }
       }
     }
-    const uint32_t ws = w_scale_row[kb];
 #pragma unroll
     for (int mt = 0; mt < kMTiles; ++mt) {
 #pragma unroll
       for (int r = 0; r < kLaneRows; ++r) {
-        const uint32_t xs = scale_ok[mt][r] ? scale_rows[mt][r][kb] : 127u;
-        const BlockScale f = block_scale(xs, ws, shift);
+        const BlockScale f = block_scale(xs_block[mt][r], ws, shift);
 #pragma unroll
         for (int nt = 0; nt < kNTiles; ++nt) {
           float* c = &part[(mt * kNTiles + nt) * 4];
