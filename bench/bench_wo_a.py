@@ -1,12 +1,17 @@
-"""Benchmark of wo_a's grouped FP8 GEMM (bmm_a8w8_mxscale) at DSv4 shapes: G groups, N = 1024, K = 4096.
+"""Benchmark of the wo_a ops at DSv4 shapes: the grouped FP8 GEMM (bmm_a8w8_mxscale; G groups, N = 1024,
+K = 4096), the inverse RoPE + group quantizer (inverse_rope_group_quant) and the BF16 path's inverse_rope.
 
-    python bench/bench_wo_a.py [--device cuda] [--out bench/results] [--no-compile]
+    python bench/bench_wo_a.py [--device cuda] [--out bench/results] [--no-compile] [--smoke]
 
-Rows per case: dsv4ops (only where this build registers a kernel for the device; otherwise the header
-says so and the peers are still timed), cuBLAS block-scaled FP8 (torch._scaled_mm with 1x128 / 128x128
-scales, one call per group; CUDA only, and cuBLAS refuses M = 1), cuBLAS BF16 bmm on the dequantized
-weight, and the PyTorch reference (small M only: it dequantizes in fp64). Bytes counted: the FP8
-activation and weight with their scales read once, the bf16 output written once; FLOPs 2*M*G*N*K.
+GEMM rows per case: dsv4ops (only where this build registers a kernel for the device; otherwise the
+header says so and the peers are still timed), cuBLAS block-scaled FP8 (torch._scaled_mm with 1x128 /
+128x128 scales, one call per group; CUDA only, and cuBLAS refuses M = 1), cuBLAS BF16 bmm on the
+dequantized weight, and the PyTorch reference (small M only: it dequantizes in fp64). Bytes counted: the
+FP8 activation and weight with their scales read once, the bf16 output written once; FLOPs 2*M*G*N*K
+(the case label gives each implementation's TFLOP/s).
+Quantizer rows: dsv4ops, a device copy of the same bytes (the ceiling at that size), the PyTorch
+reference eager and (unless --no-compile) torch.compile'd. Bytes: o read (bf16), positions read, the
+FP8 payload and the scale bytes written (the rope table's rows are not counted).
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ import torch
 from dsv4ops import dispatch
 from dsv4ops.reference import wo_a as reference
 
-from harness import HEADER_NOTES, bench_main, input_sets, make_rows, time_ours, time_peer
+from harness import HEADER_NOTES, OURS, bench_main, input_sets, make_rows, time_matched_copy, time_ours, time_peer
 
 N, K = 1024, 4096
 GROUPS = [1, 2, 8, 16]
@@ -71,17 +76,94 @@ def bench_bmm(device, ceiling, compile_peers):
             if m <= REFERENCE_MAX_M:
                 time_peer(times, "reference eager",
                           lambda x, s: reference.bmm_a8w8_mxscale(x, w, s, w_scale, torch.bfloat16), sets, device)
-            case = f"G={g} M={m} N={N} K={K} ({2 * m * g * N * K / 1e9:.2f} GFLOP)"
+            flops = 2 * m * g * N * K
+            rates = ", ".join(f"{name}: {flops / t / 1e12:.1f} TFLOP/s" for name, t in times.items()
+                              if name in (OURS, "cuBLAS block-scaled FP8 (per group)", "cuBLAS BF16 bmm"))
+            case = f"G={g} M={m} N={N} K={K} ({flops / 1e9:.2f} GFLOP; {rates})"
             rows += make_rows("bmm_a8w8_mxscale", case, nbytes, times, "dsv4ops", ceiling)
             del sets
+    return rows
+
+
+QUANT_SHAPES = [(64, 8), (128, 16)]  # (local heads, local groups): Flash and Pro at TP1
+QUANT_TOKENS = [1, 16, 64, 256, 1024, 4096, 16384]
+QUANT_REFERENCE_MAX_S = 4096
+ROPE_ROWS = 65536
+
+
+def _rope_table(device):
+    theta = torch.randn(ROPE_ROWS, 32, device=device)
+    return torch.cat([theta.cos(), theta.sin()], dim=1)
+
+
+def bench_quant(device, ceiling, compile_peers):
+    rows = []
+    has_kernel = not dispatch.decide("inverse_rope_group_quant", device).reason
+    if not has_kernel:
+        HEADER_NOTES.append(f"no inverse_rope_group_quant kernel for {device} in this build: only the peers are timed")
+    cos_sin = _rope_table(device)
+    ref_compiled = torch.compile(reference.inverse_rope_group_quant, dynamic=False) if compile_peers else None
+    for heads, g in QUANT_SHAPES:
+        for s in QUANT_TOKENS:
+            elements = s * heads * 512
+            nbytes = 2 * elements + 8 * s + elements + elements // 128
+
+            def make():
+                o = (torch.randn(s, heads, 512, device=device) / 10).to(torch.bfloat16)
+                return o, torch.randint(0, ROPE_ROWS, (s,), device=device)
+
+            sets = input_sets(make, nbytes, device)
+            times = {}
+            if has_kernel:
+                times.update(time_ours(lambda o, p: torch.ops.dsv4.inverse_rope_group_quant(
+                    o, p, cos_sin, g, 128, 0, 448.0, True), sets, device))
+            times.update(time_matched_copy(nbytes, device))
+            if s <= QUANT_REFERENCE_MAX_S:
+                time_peer(times, "reference eager",
+                          lambda o, p: reference.inverse_rope_group_quant(o, p, cos_sin, g, 128, 0, 448.0, True), sets,
+                          device)
+                if ref_compiled is not None:
+                    time_peer(times, "reference torch.compile",
+                              lambda o, p: ref_compiled(o, p, cos_sin, g, 128, 0, 448.0, True), sets, device,
+                              f"H={heads} G={g} S={s}")
+            rows += make_rows("inverse_rope_group_quant", f"H={heads} G={g} S={s} (OCP, group 128)", nbytes, times,
+                              OURS, ceiling)
+            del sets
+    return rows
+
+
+def bench_inverse_rope(device, ceiling, compile_peers):
+    rows = []
+    has_kernel = not dispatch.decide("inverse_rope", device).reason
+    cos_sin = _rope_table(device)
+    heads = 64
+    for s in QUANT_TOKENS:
+        elements = s * heads * 512
+        nbytes = 4 * elements + 8 * s
+
+        def make():
+            o = (torch.randn(s, heads, 512, device=device) / 10).to(torch.bfloat16)
+            return o, torch.randint(0, ROPE_ROWS, (s,), device=device)
+
+        sets = input_sets(make, nbytes, device)
+        times = {}
+        if has_kernel:
+            times.update(time_ours(lambda o, p: torch.ops.dsv4.inverse_rope(o, p, cos_sin), sets, device))
+        times.update(time_matched_copy(nbytes, device))
+        if s <= QUANT_REFERENCE_MAX_S:
+            time_peer(times, "reference eager", lambda o, p: reference.inverse_rope(o, p, cos_sin), sets, device)
+        rows += make_rows("inverse_rope", f"H={heads} S={s}", nbytes, times, OURS, ceiling)
+        del sets
     return rows
 
 
 def shrink():
     GROUPS[:] = [2]
     TOKENS[:] = [1, 3]
+    QUANT_SHAPES[:] = [(16, 2)]
+    QUANT_TOKENS[:] = [1, 5]
 
 
 if __name__ == "__main__":
-    bench_main(__doc__.splitlines()[0], "wo_a", [bench_bmm], shrink,
+    bench_main(__doc__.splitlines()[0], "wo_a", [bench_quant, bench_inverse_rope, bench_bmm], shrink,
                ["operands OCP e4m3fn with UE8M0 scales; bf16 output"])

@@ -1,6 +1,8 @@
 """wo_a (spec/wo_a.md): inverse_rope_group_quant bit-exact against the reference, the grouped FP8 GEMM
 against an fp64 dequantized reference, the FP8 path against the BF16 path end to end, the acceptance
-gates of prepare_wo_a, and the usual op checks. CPU kernels so far (GPU tensors go to the reference).
+gates of prepare_wo_a, and the usual op checks. The kernel cases run on every device of DEVICES (the GPU
+ones with the `gpu` marker); the GPU-only cases at the end compare the GPU kernels with the CPU kernels
+(bytes) and the fp64 reference (GEMM) over the DSv4 shapes, both operand layouts and graph capture.
 
 Tolerances: group quantization is asserted byte for byte (scale and payload). The GEMM accumulates in fp32
 over K = 4096 products of exact FP8 values: its error against fp64 is a few fp32 epsilons of the row's
@@ -17,7 +19,7 @@ import dsv4ops
 from dsv4ops import Fp8Format, wo_a
 from dsv4ops.reference import wo_a as reference
 
-from conftest import assert_bytes_equal
+from conftest import DEVICES, assert_bytes_equal
 
 FORMAT_MAXES = [pytest.param(Fp8Format.OCP, 448.0, id="ocp448"), pytest.param(Fp8Format.FNUZ, 224.0, id="fnuz224"),
                 pytest.param(Fp8Format.FNUZ, 240.0, id="fnuz240")]
@@ -40,11 +42,13 @@ def attention_output(s, heads, seed=1, log_normal=False):
 @pytest.mark.parametrize("heads,groups", [(8, 1), (16, 2), (32, 4), (64, 8), (128, 16), (16, 1), (32, 2)])
 @pytest.mark.parametrize("s", [0, 1, 3, 17, 129])
 @pytest.mark.parametrize("apply_inverse_rope", [True, False])
-def test_group_quant_bytes_match_reference(fmt, qmax, heads, groups, s, apply_inverse_rope):
+@pytest.mark.parametrize("device", DEVICES)
+def test_group_quant_bytes_match_reference(fmt, qmax, heads, groups, s, apply_inverse_rope, device):
     o = attention_output(s, heads, seed=s)
     positions = torch.arange(s) * 37 - 5  # negative and past-the-table positions are clamped
     cos_sin = rope_table(1024)
-    got = torch.ops.dsv4.inverse_rope_group_quant(o, positions, cos_sin, groups, 128, int(fmt), qmax, apply_inverse_rope)
+    got = torch.ops.dsv4.inverse_rope_group_quant(o.to(device), positions.to(device), cos_sin.to(device), groups, 128,
+                                                  int(fmt), qmax, apply_inverse_rope)
     want = reference.inverse_rope_group_quant(o, positions, cos_sin, groups, 128, fmt, qmax, apply_inverse_rope)
     assert got[0].shape == (s, groups, heads * 512 // groups) and got[0].dtype == fmt.torch_dtype
     assert got[1].shape == (s, groups, heads * 512 // groups // 128) and got[1].dtype == torch.uint8
@@ -53,11 +57,13 @@ def test_group_quant_bytes_match_reference(fmt, qmax, heads, groups, s, apply_in
 
 
 @pytest.mark.parametrize("group_size", [32, 64])
-def test_group_quant_other_group_sizes_and_bf16_table(group_size):
+@pytest.mark.parametrize("device", DEVICES)
+def test_group_quant_other_group_sizes_and_bf16_table(group_size, device):
     o = attention_output(9, 16, seed=2)
     positions = torch.arange(9, dtype=torch.int32)
     cos_sin = rope_table(64, dtype=torch.bfloat16)
-    got = torch.ops.dsv4.inverse_rope_group_quant(o, positions, cos_sin, 2, group_size, 0, 448.0, True)
+    got = torch.ops.dsv4.inverse_rope_group_quant(o.to(device), positions.to(device), cos_sin.to(device), 2,
+                                                  group_size, 0, 448.0, True)
     want = reference.inverse_rope_group_quant(o, positions, cos_sin, 2, group_size, 0, 448.0, True)
     assert_bytes_equal(got[0], want[0])
     assert_bytes_equal(got[1], want[1])
@@ -70,26 +76,30 @@ def test_group_quant_other_group_sizes_and_bf16_table(group_size):
      (448.0, Fp8Format.FNUZ, 240.0, 128), (240.0, Fp8Format.FNUZ, 240.0, 127),
      (3.3895313892515355e38, Fp8Format.OCP, 448.0, 247), (math.inf, Fp8Format.OCP, 448.0, 255)],
 )
-def test_worked_scale_bytes(amax, fmt, qmax, byte):
+@pytest.mark.parametrize("device", DEVICES)
+def test_worked_scale_bytes(amax, fmt, qmax, byte, device):
     """spec §3.4's table (bf16 max gives 247 for OCP by the fp32-division rule, as spec/kv_cache.md §8.1)."""
     o = torch.zeros(1, 8, 512, dtype=torch.bfloat16)
     o[0, 0, 5] = amax
     cos_sin = torch.cat([torch.ones(4, 32), torch.zeros(4, 32)], dim=1)
-    _, scale = torch.ops.dsv4.inverse_rope_group_quant(o, torch.zeros(1, dtype=torch.long), cos_sin, 1, 128, int(fmt),
-                                                       qmax, True)
+    _, scale = torch.ops.dsv4.inverse_rope_group_quant(o.to(device), torch.zeros(1, dtype=torch.long, device=device),
+                                                       cos_sin.to(device), 1, 128, int(fmt), qmax, True)
+    scale = scale.cpu()
     assert int(scale[0, 0, 0]) == byte
     assert int(scale[0, 0, 1]) == (92 if fmt is Fp8Format.OCP else 93)  # an all-zero group: the 1e-8 floor
 
 
-def test_group_quant_nan_and_inf_lanes():
+@pytest.mark.parametrize("device", DEVICES)
+def test_group_quant_nan_and_inf_lanes(device):
     """NaN lanes are ignored by the amax and stay NaN; an Inf lane gives byte 255, NaN for itself and 0
     for the finite lanes of its group (spec §7)."""
     o = torch.zeros(1, 8, 512, dtype=torch.bfloat16)
     o[0, 0, 0], o[0, 0, 1] = float("nan"), 1.0
     o[0, 0, 128], o[0, 0, 129] = float("inf"), 2.0
     cos_sin = torch.cat([torch.ones(4, 32), torch.zeros(4, 32)], dim=1)
-    x, scale = torch.ops.dsv4.inverse_rope_group_quant(o, torch.zeros(1, dtype=torch.long), cos_sin, 1, 128, 0, 448.0,
-                                                       True)
+    x, scale = torch.ops.dsv4.inverse_rope_group_quant(o.to(device), torch.zeros(1, dtype=torch.long, device=device),
+                                                       cos_sin.to(device), 1, 128, 0, 448.0, True)
+    x, scale = x.cpu(), scale.cpu()
     codes = x.view(torch.uint8)[0, 0]
     assert int(scale[0, 0, 0]) == 119 and int(codes[0]) == 0x7F and int(codes[1]) == 0x78  # 1.0 at 2^-8: 256
     assert int(scale[0, 0, 1]) == 255 and int(codes[128]) == 0x7F and int(codes[129]) == 0
@@ -98,12 +108,14 @@ def test_group_quant_nan_and_inf_lanes():
     assert_bytes_equal(scale, want[1])
 
 
-def test_group_quant_out_form_with_strided_scale():
+@pytest.mark.parametrize("device", DEVICES)
+def test_group_quant_out_form_with_strided_scale(device):
     o = attention_output(5, 16, seed=3)
     positions, cos_sin = torch.arange(5), rope_table(16)
     want = torch.ops.dsv4.inverse_rope_group_quant(o, positions, cos_sin, 2, 128, 0, 448.0, True)
-    x = torch.empty(5, 2, 4096, dtype=torch.float8_e4m3fn)
-    wide = torch.full((5, 2, 40), 7, dtype=torch.uint8)
+    o, positions, cos_sin = o.to(device), positions.to(device), cos_sin.to(device)
+    x = torch.empty(5, 2, 4096, dtype=torch.float8_e4m3fn, device=device)
+    wide = torch.full((5, 2, 40), 7, dtype=torch.uint8, device=device)
     torch.ops.dsv4.inverse_rope_group_quant.out(o, positions, cos_sin, 2, 128, 0, 448.0, True, x_fp8=x,
                                                 x_scale=wide[:, :, :32])
     assert_bytes_equal(x, want[0])
@@ -111,10 +123,11 @@ def test_group_quant_out_form_with_strided_scale():
     assert bool((wide[:, :, 32:] == 7).all()), "bytes past the logical scale extent are untouched"
 
 
-def test_inverse_rope_matches_reference_and_undoes_the_rotation():
+@pytest.mark.parametrize("device", DEVICES)
+def test_inverse_rope_matches_reference_and_undoes_the_rotation(device):
     o = attention_output(6, 8, seed=4)
     positions, cos_sin = torch.arange(6) + 3, rope_table(32)
-    got = torch.ops.dsv4.inverse_rope(o, positions, cos_sin)
+    got = torch.ops.dsv4.inverse_rope(o.to(device), positions.to(device), cos_sin.to(device)).cpu()
     assert_bytes_equal(got.view(torch.uint8), reference.inverse_rope(o, positions, cos_sin).view(torch.uint8))
     assert torch.equal(got[..., :448], o[..., :448])
     from dsv4ops.reference import kv_cache
@@ -152,40 +165,47 @@ def assert_gemm_close(got, want):
 
 @pytest.mark.parametrize("m,groups", [(1, 1), (1, 16), (3, 2), (17, 4), (2, 8)])
 @pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float32])
-def test_bmm_matches_dequantized_reference(m, groups, out_dtype):
+@pytest.mark.parametrize("device", DEVICES)
+def test_bmm_matches_dequantized_reference(m, groups, out_dtype, device):
     n, k = 1024, 4096
     x, x_scale = quantized_activation(m, groups, k, seed=m + groups)
     w, w_scale = quantized_weight(groups, n, k, seed=groups)
-    got = torch.ops.dsv4.bmm_a8w8_mxscale(x, w, x_scale, w_scale, out_dtype)
+    got = torch.ops.dsv4.bmm_a8w8_mxscale(x.to(device), w.to(device), x_scale.to(device), w_scale.to(device),
+                                          out_dtype).cpu()
     assert got.shape == (m, groups, n) and got.dtype == out_dtype
     assert_gemm_close(got, reference.bmm_a8w8_mxscale(x, w, x_scale, w_scale, torch.float64))
 
 
-def test_bmm_batch_major_views_and_fnuz_operands():
+@pytest.mark.parametrize("device", DEVICES)
+def test_bmm_batch_major_views_and_fnuz_operands(device):
     """x as the transpose of a batch-major [G, M, K] buffer, out as the transpose of a batch-major
     [G, M, N] buffer; FNUZ operands (the gfx942 path) give the same product as their OCP originals with
     doubled scales."""
     m, groups, n, k = 5, 2, 256, 512
     x, x_scale = quantized_activation(m, groups, k, seed=7)
     w, w_scale = quantized_weight(groups, n, k, seed=8)
-    x_batch_major = x.view(torch.uint8).transpose(0, 1).contiguous().view(torch.float8_e4m3fn)  # [G, M, K]
-    out = torch.zeros(groups, m, n, dtype=torch.float32)
-    torch.ops.dsv4.bmm_a8w8_mxscale.out(x_batch_major.transpose(0, 1), w, x_scale, w_scale, out=out.transpose(0, 1))
     want = reference.bmm_a8w8_mxscale(x, w, x_scale, w_scale, torch.float64)
-    assert_gemm_close(out.transpose(0, 1), want)
     w_fnuz, w_scale_fnuz = dsv4ops.e4m3fn_to_fnuz(w, w_scale)
     x_fnuz, x_scale_fnuz = dsv4ops.e4m3fn_to_fnuz(x, x_scale)
-    fnuz = torch.ops.dsv4.bmm_a8w8_mxscale(x_fnuz, w_fnuz, x_scale_fnuz, w_scale_fnuz, torch.float32)
-    assert_gemm_close(fnuz, want)
+    x, x_scale, w, w_scale = x.to(device), x_scale.to(device), w.to(device), w_scale.to(device)
+    x_batch_major = x.view(torch.uint8).transpose(0, 1).contiguous().view(torch.float8_e4m3fn)  # [G, M, K]
+    out = torch.zeros(groups, m, n, dtype=torch.float32, device=device)
+    torch.ops.dsv4.bmm_a8w8_mxscale.out(x_batch_major.transpose(0, 1), w, x_scale, w_scale, out=out.transpose(0, 1))
+    assert_gemm_close(out.transpose(0, 1).cpu(), want)
+    fnuz = torch.ops.dsv4.bmm_a8w8_mxscale(x_fnuz.to(device), w_fnuz.to(device), x_scale_fnuz.to(device),
+                                           w_scale_fnuz.to(device), torch.float32)
+    assert_gemm_close(fnuz.cpu(), want)
 
 
-def test_zero_tokens():
-    o = torch.empty(0, 16, 512, dtype=torch.bfloat16)
-    x, scale = torch.ops.dsv4.inverse_rope_group_quant(o, torch.empty(0, dtype=torch.long), rope_table(8), 2, 128, 0,
-                                                       448.0, True)
+@pytest.mark.parametrize("device", DEVICES)
+def test_zero_tokens(device):
+    o = torch.empty(0, 16, 512, dtype=torch.bfloat16, device=device)
+    x, scale = torch.ops.dsv4.inverse_rope_group_quant(o, torch.empty(0, dtype=torch.long, device=device),
+                                                       rope_table(8).to(device), 2, 128, 0, 448.0, True)
     assert x.shape == (0, 2, 4096) and scale.shape == (0, 2, 32)
     w, w_scale = quantized_weight(2, 128, 4096, seed=9)
-    assert torch.ops.dsv4.bmm_a8w8_mxscale(x, w, scale, w_scale, torch.bfloat16).shape == (0, 2, 128)
+    assert torch.ops.dsv4.bmm_a8w8_mxscale(x, w.to(device), scale, w_scale.to(device),
+                                           torch.bfloat16).shape == (0, 2, 128)
 
 
 @pytest.mark.parametrize(
@@ -271,15 +291,16 @@ def checkpoint(groups, o_lora_rank=1024, k=4096, seed=12):
 
 
 @pytest.mark.parametrize("groups,t", [(2, 5), (8, 3)])
-def test_fp8_path_tracks_bf16_path(groups, t):
+@pytest.mark.parametrize("device", DEVICES)
+def test_fp8_path_tracks_bf16_path(groups, t, device):
     weight, scale = checkpoint(groups)
-    cos_sin = rope_table(256)
-    fp8_plan = dsv4ops.prepare_wo_a(weight, scale, groups, 1024, cos_sin, "cpu")
+    weight, scale, cos_sin = weight.to(device), scale.to(device), rope_table(256).to(device)
+    fp8_plan = dsv4ops.prepare_wo_a(weight, scale, groups, 1024, cos_sin, device)
     assert fp8_plan.path == "fp8" and fp8_plan.reason is None and fp8_plan._bf16_weight is None
-    bf16_plan = dsv4ops.prepare_wo_a(weight, scale, groups, 1024, cos_sin, "cpu", activation_dtype=torch.float16)
+    bf16_plan = dsv4ops.prepare_wo_a(weight, scale, groups, 1024, cos_sin, device, activation_dtype=torch.float16)
     assert bf16_plan.path == "bf16" and bf16_plan.reason.startswith("dtype:")
-    o = attention_output(t, groups * 8, seed=13, log_normal=True)
-    positions = torch.arange(t) + 100
+    o = attention_output(t, groups * 8, seed=13, log_normal=True).to(device)
+    positions = (torch.arange(t) + 100).to(device)
     z8 = dsv4ops.wo_a_forward(o, positions, fp8_plan, apply_inverse_rope=True)
     z16 = dsv4ops.wo_a_forward(o.to(torch.float16), positions, bf16_plan, apply_inverse_rope=True)
     assert z16.dtype == torch.float16
@@ -290,7 +311,7 @@ def test_fp8_path_tracks_bf16_path(groups, t):
     assert float(torch.dot(a, b) / (a.norm() * b.norm())) > 0.998
     # apply_inverse_rope=False on input the attention already rotated back: the same result on both paths
     unrotated = dsv4ops.inverse_rope(o, positions, cos_sin)
-    bf16_again = dsv4ops.prepare_wo_a(weight, scale, groups, 1024, cos_sin, "cpu", activation_dtype=torch.float32)
+    bf16_again = dsv4ops.prepare_wo_a(weight, scale, groups, 1024, cos_sin, device, activation_dtype=torch.float32)
     torch.testing.assert_close(dsv4ops.wo_a_forward(unrotated, positions, bf16_again, apply_inverse_rope=False),
                                dsv4ops.wo_a_forward(o, positions, bf16_again, apply_inverse_rope=True), rtol=0, atol=0)
     z8_unrotated = dsv4ops.wo_a_forward(unrotated, positions, fp8_plan, apply_inverse_rope=False)
@@ -337,6 +358,47 @@ def test_prepare_rejects_zero_groups_and_uses_bf16_where_no_kernel(monkeypatch):
     monkeypatch.setenv("DSV4OPS_DISABLE", "bmm_a8w8_mxscale")
     plan = dsv4ops.prepare_wo_a(weight, scale, 2, 1024, rope_table(16), "cpu")
     assert plan.path == "bf16" and "bmm_a8w8_mxscale: disabled by DSV4OPS_DISABLE" in plan.reason
+
+
+def test_gemm_path_table_is_well_formed_and_selects_by_tokens():
+    for device_type, rows in wo_a.WO_A_GEMM_PATHS.items():
+        assert rows and rows[-1][0] is None, f"{device_type}: the last row must be unbounded"
+        bounds = [bound for bound, _ in rows[:-1]]
+        assert bounds == sorted(bounds) and all(bound > 0 for bound in bounds), f"{device_type}: rows out of order"
+        assert all(path in wo_a.GEMM_PATH_NAMES for _, path in rows), f"{device_type}: unknown path"
+    table = {"cpu": ((2, "bf16"), (8, "vendor_fp8"), (None, "fp8_kernel"))}
+    assert [wo_a.gemm_path(t, "cpu", table) for t in (1, 2, 3, 8, 9, 10**6)] == [
+        "bf16", "bf16", "vendor_fp8", "vendor_fp8", "fp8_kernel", "fp8_kernel"]
+    assert wo_a.gemm_path(5, "xpu", table) == "fp8_kernel"
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("fp8_format", ["ocp", "fnuz"])
+def test_forward_follows_the_path_table(monkeypatch, device, fp8_format):
+    """Each path of the table serves an FP8 plan: the vendor GEMM gives the kernel's product (or is the
+    kernel where it cannot run), the BF16 path tracks it within the activation quantization error."""
+    if device == "cuda" and fp8_format == "fnuz":
+        pytest.skip("NVIDIA has no FNUZ plans")
+    groups, t = 2, 16
+    weight, scale = checkpoint(groups, seed=90)
+    weight, scale, cos_sin = weight.to(device), scale.to(device), rope_table(64).to(device)
+    plan = dsv4ops.prepare_wo_a(weight, scale, groups, 1024, cos_sin, device, fp8_format=fp8_format)
+    assert plan.path == "fp8"
+    o = attention_output(t, groups * 8, seed=91, log_normal=True).to(device)
+    positions = torch.arange(t, device=device)
+    results = {}
+    for path in wo_a.GEMM_PATH_NAMES:
+        monkeypatch.setitem(wo_a.WO_A_GEMM_PATHS, torch.device(device).type, ((None, path),))
+        results[path] = dsv4ops.wo_a_forward(o, positions, plan, apply_inverse_rope=True).double().flatten()
+    kernel = results["fp8_kernel"]
+    if device == "cpu":
+        assert torch.equal(results["vendor_fp8"], kernel)  # no vendor GEMM on the CPU: the kernel serves
+    else:
+        assert float((results["vendor_fp8"] - kernel).norm() / kernel.norm()) < 1e-2
+    assert plan._bf16_weight is not None, "the BF16 path built the dequantized weight"
+    bf16 = results["bf16"]
+    assert float((bf16 - kernel).norm() / bf16.norm()) < 0.05
+    assert float(torch.dot(bf16, kernel) / (bf16.norm() * kernel.norm())) > 0.998
 
 
 @pytest.mark.parametrize(
@@ -390,18 +452,20 @@ def test_reference_path_serves_the_wrappers(monkeypatch):
         dsv4ops.inverse_rope_group_quant(o, positions[:1], cos_sin, 2, fp8_format="ocp")
 
 
-def test_gemm_nan_scale_byte_and_extreme_exponents():
+@pytest.mark.parametrize("device", DEVICES)
+def test_gemm_nan_scale_byte_and_extreme_exponents(device):
     x, x_scale = quantized_activation(1, 1, 512, seed=34)
     w, w_scale = quantized_weight(1, 128, 512, seed=35)
-    x_scale = x_scale.clone()
+    x, w = x.to(device), w.to(device)
+    x_scale = x_scale.clone().to(device)
     x_scale[0, 0, 0] = 255
-    got = torch.ops.dsv4.bmm_a8w8_mxscale(x, w, x_scale, w_scale, torch.float32)
+    got = torch.ops.dsv4.bmm_a8w8_mxscale(x, w, x_scale, w_scale.to(device), torch.float32)
     assert bool(torch.isnan(got).all())
-    assert bool(torch.isnan(reference.bmm_a8w8_mxscale(x, w, x_scale, w_scale, torch.float32)).all())
+    assert bool(torch.isnan(reference.bmm_a8w8_mxscale(x, w, x_scale, w_scale.to(device), torch.float32)).all())
     x_scale[0, 0, :] = 254
-    w_scale = torch.zeros_like(w_scale)  # 2^127 * 2^-127: fine as one power of two
-    assert_gemm_close(torch.ops.dsv4.bmm_a8w8_mxscale(x, w, x_scale, w_scale, torch.float32),
-                      reference.bmm_a8w8_mxscale(x, w, x_scale, w_scale, torch.float64))
+    w_scale = torch.zeros_like(w_scale).to(device)  # 2^127 * 2^-127: fine as one power of two
+    assert_gemm_close(torch.ops.dsv4.bmm_a8w8_mxscale(x, w, x_scale, w_scale, torch.float32).cpu(),
+                      reference.bmm_a8w8_mxscale(x, w, x_scale, w_scale, torch.float64).cpu())
 
 
 def test_inverse_rope_invalid_inputs_compile_and_empty():
@@ -414,3 +478,151 @@ def test_inverse_rope_invalid_inputs_compile_and_empty():
     assert torch.equal(torch.compile(f, fullgraph=True)(o), f(o))
     empty = torch.empty(0, 8, 512, dtype=torch.bfloat16)
     assert torch.ops.dsv4.inverse_rope(empty, torch.empty(0, dtype=torch.long), cos_sin).shape == (0, 8, 512)
+
+
+# ---- GPU kernels: against the CPU kernels (bytes) and the fp64 reference (GEMM) at DSv4 shapes ----
+
+gpu = pytest.mark.gpu
+
+
+def _misaligned(t: torch.Tensor, shift_bytes: int) -> torch.Tensor:
+    """A contiguous copy of t whose data pointer is shift_bytes past a 16-byte boundary (the kernels'
+    element-wise load path)."""
+    size = t.element_size()
+    raw = torch.empty(t.numel() * size + 64, dtype=torch.uint8, device=t.device)
+    start = (-raw.data_ptr()) % 16 + shift_bytes
+    view = raw[start:start + t.numel() * size].view(t.dtype).view(t.shape)
+    view.copy_(t)
+    assert view.data_ptr() % 16 == shift_bytes % 16
+    return view
+
+
+@gpu
+@pytest.mark.parametrize("fmt,qmax", FORMAT_MAXES)
+@pytest.mark.parametrize("heads,groups,s", [(64, 8, 4096), (128, 16, 257), (16, 2, 1), (8, 1, 33)])
+@pytest.mark.parametrize("group_size", [128, 32])
+@pytest.mark.parametrize("table_dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("misaligned", [False, True])
+def test_gpu_group_quant_bytes_equal_cpu(fmt, qmax, heads, groups, s, group_size, table_dtype, misaligned):
+    o = attention_output(s, heads, seed=40 + s, log_normal=True)
+    positions = torch.randint(-3, 5000, (s,), generator=torch.Generator().manual_seed(s))
+    cos_sin = rope_table(4096, dtype=table_dtype)
+    want = torch.ops.dsv4.inverse_rope_group_quant(o, positions, cos_sin, groups, group_size, int(fmt), qmax, True)
+    o_gpu = o.cuda()
+    if misaligned:
+        o_gpu = _misaligned(o_gpu, 2)
+    got = torch.ops.dsv4.inverse_rope_group_quant(o_gpu, positions.cuda(), cos_sin.cuda(), groups, group_size, int(fmt),
+                                                  qmax, True)
+    assert_bytes_equal(got[1], want[1])
+    assert_bytes_equal(got[0], want[0])
+
+
+@gpu
+@pytest.mark.parametrize("s,heads", [(1, 8), (1000, 64), (7, 128)])
+@pytest.mark.parametrize("misaligned", [False, True])
+def test_gpu_inverse_rope_bytes_equal_cpu(s, heads, misaligned):
+    o = attention_output(s, heads, seed=50 + s)
+    o[0, 0, 450] = float("nan")
+    positions = torch.arange(s, dtype=torch.int32) * 3 - 1
+    cos_sin = rope_table(2048)
+    want = torch.ops.dsv4.inverse_rope(o, positions, cos_sin)
+    o_gpu = _misaligned(o.cuda(), 4) if misaligned else o.cuda()
+    got = torch.ops.dsv4.inverse_rope(o_gpu, positions.cuda(), cos_sin.cuda())
+    assert_bytes_equal(got.view(torch.uint8), want.view(torch.uint8))
+
+
+_WEIGHTS = {}
+
+
+def _gpu_weight(groups, n=1024, k=4096):
+    if (groups, n, k) not in _WEIGHTS:
+        w, w_scale = quantized_weight(groups, n, k, seed=60 + groups)
+        _WEIGHTS[(groups, n, k)] = (w.cuda(), w_scale.cuda())
+    return _WEIGHTS[(groups, n, k)]
+
+
+def _gpu_activation(m, groups, k=4096, seed=0):
+    """x [M, G, K] and x_scale from the GPU quantizer (its bytes are checked against the CPU above), from
+    attention outputs whose head magnitudes spread like real ones."""
+    o = attention_output(m, groups * k // 512, seed=seed, log_normal=True).cuda()
+    return torch.ops.dsv4.inverse_rope_group_quant(o, torch.arange(m, device="cuda"), rope_table(64).cuda(), groups,
+                                                   128, 0, 448.0, True)
+
+
+@gpu
+@pytest.mark.parametrize("groups", [1, 2, 4, 8, 16])
+@pytest.mark.parametrize("m", [1, 3, 17, 64, 129, 1024])
+@pytest.mark.parametrize("layout", ["token_major", "batch_major"])
+def test_gpu_bmm_dsv4_shapes(groups, m, layout):
+    """Spec §6.4 item 3: worst-row relative error <= 3e-3 and allclose(1e-2, 1e-2) against the fp64
+    dequantized reference, N = 1024, K = 4096, token-major operands or batch-major buffers seen through
+    transposed views (x, x_scale and out)."""
+    w, w_scale = _gpu_weight(groups)
+    x, x_scale = _gpu_activation(m, groups, seed=m * 31 + groups)
+    want = reference.bmm_a8w8_mxscale(x, w, x_scale, w_scale, torch.float64)
+    if layout == "token_major":
+        got = torch.ops.dsv4.bmm_a8w8_mxscale(x, w, x_scale, w_scale, torch.bfloat16)
+    else:
+        x_bm = x.view(torch.uint8).transpose(0, 1).contiguous().view(torch.float8_e4m3fn).transpose(0, 1)
+        s_bm = x_scale.transpose(0, 1).contiguous().transpose(0, 1)
+        out = torch.full((groups, m, 1024), float("nan"), dtype=torch.bfloat16, device="cuda")
+        torch.ops.dsv4.bmm_a8w8_mxscale.out(x_bm, w, s_bm, w_scale, out=out.transpose(0, 1))
+        got = out.transpose(0, 1)
+    assert got.shape == (m, groups, 1024)
+    assert_gemm_close(got, want)
+
+
+@gpu
+@pytest.mark.parametrize("m,groups", [(8192, 2), (2048, 8)])
+def test_gpu_bmm_large_m(m, groups):
+    w, w_scale = _gpu_weight(groups)
+    x, x_scale = _gpu_activation(m, groups, seed=m + groups)
+    got = torch.ops.dsv4.bmm_a8w8_mxscale(x, w, x_scale, w_scale, torch.float32)
+    assert_gemm_close(got, reference.bmm_a8w8_mxscale(x, w, x_scale, w_scale, torch.float64))
+
+
+@gpu
+@pytest.mark.parametrize("m", [1, 5, 40, 100])
+def test_gpu_bmm_equals_cpu_kernel_fp32_and_unaligned(m):
+    """The GPU product against the CPU kernel (fp32 sums in another order: a few ulps), on aligned
+    operands and on operands whose rows break 16-byte alignment (the element-wise load path)."""
+    groups, n, k = 2, 256, 1024
+    x, x_scale = quantized_activation(m, groups, k, seed=70 + m)
+    w, w_scale = quantized_weight(groups, n, k, seed=71)
+    want = torch.ops.dsv4.bmm_a8w8_mxscale(x, w, x_scale, w_scale, torch.float32)
+    got = torch.ops.dsv4.bmm_a8w8_mxscale(x.cuda(), w.cuda(), x_scale.cuda(), w_scale.cuda(), torch.float32)
+    torch.testing.assert_close(got.cpu(), want, rtol=1e-5, atol=1e-5)
+    x_odd = _misaligned(x.cuda().view(torch.uint8), 1).view(torch.float8_e4m3fn)
+    w_odd = _misaligned(w.cuda().view(torch.uint8), 3).view(torch.float8_e4m3fn)
+    got_odd = torch.ops.dsv4.bmm_a8w8_mxscale(x_odd, w_odd, x_scale.cuda(), w_scale.cuda(), torch.float32)
+    torch.testing.assert_close(got_odd, got, rtol=0, atol=0)
+
+
+@gpu
+def test_gpu_graph_capture_on_a_side_stream():
+    """Both ops captured on a side stream for a fixed M, replayed on fresh data: byte-identical to eager."""
+    m, heads, groups = 48, 32, 4
+    w, w_scale = _gpu_weight(groups)
+    cos_sin = rope_table(256).cuda()
+    o = attention_output(m, heads, seed=80).cuda()
+    positions = torch.arange(m, device="cuda")
+
+    def run():
+        x, s = torch.ops.dsv4.inverse_rope_group_quant(o, positions, cos_sin, groups, 128, 0, 448.0, True)
+        return x, s, torch.ops.dsv4.bmm_a8w8_mxscale(x, w, s, w_scale, torch.bfloat16)
+
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        run()  # warm up outside the capture
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=stream):
+        captured = run()
+    o.copy_(attention_output(m, heads, seed=81).cuda())
+    positions.copy_(torch.arange(m, device="cuda") * 5)
+    graph.replay()
+    torch.cuda.synchronize()
+    eager = run()
+    for a, b in zip(captured, eager):
+        assert_bytes_equal(a.view(torch.uint8), b.view(torch.uint8))

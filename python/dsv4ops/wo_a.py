@@ -33,6 +33,40 @@ SCALE_BLOCK = 128
 GROUP_SIZE = 128
 _logged: set = set()
 
+# Which implementation serves an FP8 plan's projection for T tokens, per device type, as data: rows
+# (largest T served, path) in increasing T, the last one unbounded (None). Paths:
+#   "fp8_kernel"  quantize (inverse_rope_group_quant) + dsv4ops' grouped FP8 GEMM (bmm_a8w8_mxscale);
+#   "vendor_fp8"  the same quantization + the vendor block-scaled FP8 GEMM (torch._scaled_mm with 1x128 /
+#                 128x128 scales, one call per group; CUDA with OCP operands and T >= 2 only, else
+#                 "fp8_kernel");
+#   "bf16"        the BF16 path (inverse RoPE, BF16 einsum on the dequantized weight, built on first use).
+# Devices not listed take "fp8_kernel". Tune the rows from bench/bench_wo_a.py on the target GPU.
+WO_A_GEMM_PATHS = {
+    "cuda": ((None, "fp8_kernel"),),
+    "cpu": ((None, "fp8_kernel"),),
+}
+GEMM_PATH_NAMES = ("fp8_kernel", "vendor_fp8", "bf16")
+
+
+def gemm_path(tokens: int, device_type: str, table: Optional[dict] = None) -> str:
+    """The path WO_A_GEMM_PATHS (or `table`) gives `tokens` tokens on `device_type`."""
+    rows = (table if table is not None else WO_A_GEMM_PATHS).get(device_type, ((None, "fp8_kernel"),))
+    for bound, path in rows:
+        if bound is None or tokens <= bound:
+            return path
+    return "fp8_kernel"
+
+
+def _vendor_block_scaled_bmm(x: torch.Tensor, w: torch.Tensor, x_scale: torch.Tensor, w_scale: torch.Tensor,
+                             out_dtype: torch.dtype) -> torch.Tensor:
+    """torch._scaled_mm per group with fp32 power-of-two block scales: A [M, K] with its (M, K/128) scale in
+    column-major layout, B = w[g].t() with the (K/128, N/128) scale."""
+    sx = torch.pow(2.0, x_scale.view(torch.uint8).float() - 127)
+    sw = torch.pow(2.0, w_scale.view(torch.uint8).float() - 127)
+    outs = [torch._scaled_mm(x[:, g], w[g].t(), scale_a=sx[:, g].t().contiguous().t(), scale_b=sw[g].t(),
+                             out_dtype=out_dtype) for g in range(x.shape[1])]
+    return torch.stack(outs, dim=1)
+
 
 
 
@@ -99,7 +133,10 @@ class WoAPlan:
     def bf16_weight(self) -> torch.Tensor:
         """The dequantized [G, R, K] bf16 weight, built on first use only (BF16 path)."""
         if self._bf16_weight is None:
-            self._bf16_weight = _dequantize_weight(self.weight, self.original_scale, self.fp8_format).reshape(
+            scale = self.original_scale
+            if self.weight_scale is not None:  # FP8 plan: the bytes that go with the (maybe FNUZ-normalized) weight
+                scale = self.weight_scale.reshape(-1, self.weight_scale.shape[-1])
+            self._bf16_weight = _dequantize_weight(self.weight, scale, self.fp8_format).reshape(
                 self.n_groups, self.o_lora_rank, -1)
         return self._bf16_weight
 
@@ -184,11 +221,17 @@ def wo_a_forward(o: torch.Tensor, positions: torch.Tensor, plan: WoAPlan, apply_
     still in the rotated frame and are rotated back here (True), or the attention already did it (False)."""
     t, heads, _ = o.shape
     g = plan.n_groups
-    if plan.path == "fp8":
+    path = gemm_path(t, o.device.type) if plan.path == "fp8" else "bf16"
+    if path == "vendor_fp8" and (o.device.type != "cuda" or t < 2 or plan.fp8_format is not Fp8Format.OCP):
+        path = "fp8_kernel"
+    if path in ("fp8_kernel", "vendor_fp8"):
         x_fp8, x_scale = inverse_rope_group_quant(o, positions, plan.cos_sin, g, GROUP_SIZE, plan.fp8_format,
                                                   plan.quant_max, apply_inverse_rope)
         w = plan.weight.view(g, plan.o_lora_rank, -1)
-        z = bmm_a8w8_mxscale(x_fp8, w, x_scale, plan.weight_scale, o.dtype)
+        if path == "vendor_fp8":
+            z = _vendor_block_scaled_bmm(x_fp8, w, x_scale, plan.weight_scale, o.dtype)
+        else:
+            z = bmm_a8w8_mxscale(x_fp8, w, x_scale, plan.weight_scale, o.dtype)
     else:
         x = inverse_rope(o, positions, plan.cos_sin) if apply_inverse_rope else o
         z = torch.einsum("tgd,grd->tgr", x.reshape(t, g, heads * HEAD_DIM // g), plan.bf16_weight().to(o.dtype))

@@ -1,9 +1,10 @@
-// Bindings of the wo_a ops (schemas in schemas.cpp; spec/wo_a.md). CPU kernels only for now: on a GPU
-// the Python layer serves these ops with the reference (dsv4ops.dispatch sees no kernel for the device).
+// Bindings of the wo_a ops (schemas in schemas.cpp; spec/wo_a.md): the same checked entry points serve
+// the CPU kernels and, in GPU builds, the kernels of src/hip/wo_a on the tensor's current stream.
 #include <tuple>
 
 #include "common.h"
 #include "cpu/wo_a/wo_a_cpu.h"
+#include "wo_a/wo_a_launchers.h"
 
 namespace dsv4::bindings {
 namespace {
@@ -67,7 +68,8 @@ InverseRopeGroupQuantArgs checked_group_quant(const Tensor& o, const Tensor& pos
 void run_group_quant(const InverseRopeGroupQuantArgs& args, const Tensor& o, const char* op) {
   run_on_device(
       o, args.tokens, op, [&](int64_t b, int64_t e) { cpu::inverse_rope_group_quant(args, b, e); },
-      [&]([[maybe_unused]] void* stream) { return LaunchStatus::kInvalidArgument; }, /*cpu_grain=*/1);
+      [&]([[maybe_unused]] void* stream) { return DSV4_GPU_LAUNCH(gpu::launch_inverse_rope_group_quant(args, stream)); },
+      /*cpu_grain=*/1);
 }
 
 std::tuple<Tensor, Tensor> inverse_rope_group_quant(const Tensor& o, const Tensor& positions, const Tensor& cos_sin,
@@ -124,7 +126,8 @@ Tensor inverse_rope(const Tensor& o, const Tensor& positions, const Tensor& cos_
   args.out = static_cast<uint16_t*>(out.data_ptr());
   run_on_device(
       o, args.tokens, kOp, [&](int64_t b, int64_t e) { cpu::inverse_rope(args, b, e); },
-      [&]([[maybe_unused]] void* stream) { return LaunchStatus::kInvalidArgument; }, /*cpu_grain=*/4);
+      [&]([[maybe_unused]] void* stream) { return DSV4_GPU_LAUNCH(gpu::launch_inverse_rope(args, stream)); },
+      /*cpu_grain=*/4);
   return out;
 }
 
@@ -181,7 +184,8 @@ void run_bmm(BmmA8W8MxScaleArgs& args, const Tensor& out, const char* op) {
   args.out_stride_g = out.stride(1);
   run_on_device(
       out, args.m, op, [&](int64_t b, int64_t e) { cpu::bmm_a8w8_mxscale(args, b, e); },
-      [&]([[maybe_unused]] void* stream) { return LaunchStatus::kInvalidArgument; }, /*cpu_grain=*/1);
+      [&]([[maybe_unused]] void* stream) { return DSV4_GPU_LAUNCH(gpu::launch_bmm_a8w8_mxscale(args, stream)); },
+      /*cpu_grain=*/1);
 }
 
 Tensor bmm_a8w8_mxscale(const Tensor& x, const Tensor& w, const Tensor& x_scale, const Tensor& w_scale,
@@ -219,3 +223,7 @@ void register_wo_a_ops(torch::stable::detail::StableLibrary& m) {
 }  // namespace dsv4::bindings
 
 STABLE_TORCH_LIBRARY_IMPL(dsv4, CPU, m) { dsv4::bindings::register_wo_a_ops(m); }
+
+#if defined(DSV4OPS_WITH_GPU)
+STABLE_TORCH_LIBRARY_IMPL(dsv4, CUDA, m) { dsv4::bindings::register_wo_a_ops(m); }
+#endif

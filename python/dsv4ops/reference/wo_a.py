@@ -106,7 +106,7 @@ def bmm_a8w8_mxscale(x: torch.Tensor, w: torch.Tensor, x_scale: torch.Tensor, w_
 def _scale_factors(scale: torch.Tensor) -> torch.Tensor:
     """UE8M0 bytes -> fp64 powers of two; byte 255 is NaN."""
     byte = scale.contiguous().view(torch.uint8).to(torch.int64)
-    return torch.where(byte == 255, torch.full(byte.shape, float("nan"), dtype=torch.float64), _pow2(byte - 127))
+    return torch.where(byte == 255, torch.full(byte.shape, float("nan"), dtype=torch.float64, device=byte.device), _pow2(byte - 127))
 
 
 def _format_of(dtype: torch.dtype) -> int:

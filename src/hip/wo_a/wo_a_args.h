@@ -1,6 +1,6 @@
 // Arguments of the wo_a ops (spec/wo_a.md): inverse RoPE, inverse RoPE + UE8M0 group quantization, and
 // the grouped FP8 GEMM with 1x128 / 128x128 UE8M0 block scales. Torch-free; the bindings validate every
-// field first. (CPU implementations only so far: the GPU kernels are still to come.)
+// field first. CPU kernels: src/cpu/wo_a; GPU kernels: wo_a_quant.hip, bmm_a8w8_mxscale.hip (wo_a_launchers.h).
 #pragma once
 
 #include "dsv4/fp8.h"

@@ -1,0 +1,51 @@
+// Two FP8 encodes per conversion instruction, byte-identical to dsv4/fp8.h's fp8_encode_clamped<F> on each
+// value (a new header rather than an edit of fp8.h, which other areas share): the paired conversions
+// NVIDIA (cvt.rn.satfinite.e4m3x2.f32) and AMD (v_cvt_pk_fp8_f32) have convert each element exactly as
+// the single-value paths of fp8.h use them, so only the instruction count changes. The quantizers that
+// write long runs of values (wo_a's group quantizer) use it; everything else keeps fp8.h.
+#pragma once
+
+#include "dsv4/fp8.h"
+#include "dsv4/platform.h"
+
+namespace dsv4 {
+
+// fp8_encode_clamped<F>(lo) in bits 0..7 and fp8_encode_clamped<F>(hi) in bits 8..15.
+template <Fp8Format F>
+DSV4_HD uint32_t fp8x2_encode_clamped(float lo, float hi, float quant_max) {
+  using T = Fp8Traits<F>;
+  // The quantizer's clamp, keeping NaN (as fp8_encode_clamped).
+  const float clo = lo < -quant_max ? -quant_max : (lo > quant_max ? quant_max : lo);
+  const float chi = hi < -quant_max ? -quant_max : (hi > quant_max ? quant_max : hi);
+#if !defined(DSV4_FP8_SOFTWARE_ONLY) && DSV4_DEVICE_PASS && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+  if constexpr (F == Fp8Format::kOCP) {
+    uint16_t packed;  // the second source lands in the low byte
+    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(packed) : "f"(chi), "f"(clo));
+    const uint32_t code_lo = clo != clo ? T::kNaNCode : (packed & 0xffu);
+    const uint32_t code_hi = chi != chi ? T::kNaNCode : (static_cast<uint32_t>(packed) >> 8);
+    return code_lo | (code_hi << 8);
+  }
+#elif !defined(DSV4_FP8_SOFTWARE_ONLY) && DSV4_DEVICE_PASS && defined(__HIP_DEVICE_COMPILE__) && \
+    (defined(__gfx942__) || defined(__gfx950__))
+  if constexpr (fp8_encode_uses_hardware<F>()) {
+    // fp8_encode_amdgcn on each value: the format's saturation bound, then the packed conversion
+    // (src0 -> byte 0, src1 -> byte 1); NaN and the FNUZ signed zero made explicit.
+    const float slo = __builtin_fminf(__builtin_fmaxf(clo, -T::kMaxFinite), T::kMaxFinite);
+    const float shi = __builtin_fminf(__builtin_fmaxf(chi, -T::kMaxFinite), T::kMaxFinite);
+    const uint32_t packed = static_cast<uint32_t>(__builtin_amdgcn_cvt_pk_fp8_f32(slo, shi, 0, false));
+    uint32_t code_lo = packed & 0xffu;
+    uint32_t code_hi = (packed >> 8) & 0xffu;
+    if constexpr (!T::kHasNegativeZero) {
+      code_lo = code_lo == 0x80u ? 0u : code_lo;
+      code_hi = code_hi == 0x80u ? 0u : code_hi;
+    }
+    code_lo = clo != clo ? T::kNaNCode : code_lo;
+    code_hi = chi != chi ? T::kNaNCode : code_hi;
+    return code_lo | (code_hi << 8);
+  }
+#endif
+  return static_cast<uint32_t>(fp8_encode_clamped<F>(lo, quant_max)) |
+         (static_cast<uint32_t>(fp8_encode_clamped<F>(hi, quant_max)) << 8);
+}
+
+}  // namespace dsv4

@@ -1,0 +1,595 @@
+// bmm_a8w8_mxscale (spec/wo_a.md §4): Y[m, g, n] = sum_kb 2^(xs - 127) * 2^(ws - 127) * sum_{k in kb} x * w,
+// x [M, G, K] and w [G, N, K] FP8 with K contiguous, x_scale [M, G, K/128] and w_scale [G, N/128, K/128]
+// UE8M0 bytes, fp32 accumulation, out [M, G, N] bf16 or fp32 at any M/G strides.
+//
+// Matrix units, per device pass:
+//   NVIDIA sm_89+:  mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 (OCP operands), tile 16 x 8;
+//   gfx942:         v_mfma_f32_16x16x32_fp8_fp8 on FNUZ operands, tile 16 x 16;
+//   gfx950:         the same MFMA on OCP operands (the block-scaled MFMA is a later optimisation).
+// Each 128-deep K block is multiplied into a fresh fp32 fragment, which is then folded into the running
+// fp32 sum with the block's scale 2^(xs + ws - 254) (exact: a power of two, spec §4.5). Operands in the
+// other encoding than the unit's take one more factor 2 (an FNUZ byte is worth half the OCP byte).
+//
+// The k permutation: a lane loads 16 consecutive bytes of an x row and of a w row per 64-deep half block,
+// and the products over k are matched by giving the A and B slots the same permutation of k (a dot
+// product does not depend on the order of its terms). NVIDIA (lane = 4 * gid + tid): A rows gid and
+// gid + 8 and B column gid take the lane's bytes [16 * tid, 16 * tid + 16) of the half; MMA s in {0, 1}
+// takes bytes 8s..8s+3 as slots 4*tid..4*tid+3 and bytes 8s+4..8s+7 as slots 16+4*tid..16+4*tid+3
+// (A registers 0/2, B registers 0/1). AMD (lane = 16 * q + i): A row i and B column i take bytes
+// [16 q, 16 q + 16); MFMA s takes bytes 8s..8s+7 as slots 8q..8q+7.
+//
+// Work split (256 threads a block):
+//   * M <= 64 (decode: the op reads the weight once and is bound by it): bmm_kernel, split-K. A block owns
+//     kMTiles * 16 rows and 16 columns of one group (64 blocks per group for N = 1024); every warp covers
+//     them over a strided share of the K blocks, with fragments loaded straight from global memory
+//     (16-byte loads, the next K block's weight in flight while one multiplies); the warps' fp32 sums are
+//     added in shared memory in warp order (deterministic, no atomics).
+//   * M > 64: bmm_tiled_kernel, a 128 x 64 tile through double-buffered shared memory (below).
+//   * M > 64 with rows that are not 16-byte aligned: bmm_kernel with the warps splitting a 128-wide N
+//     tile, each over the whole K (element-wise loads).
+// Rows past M load zeros and are not stored. 64-bit offsets throughout.
+#include "dsv4/bf16.h"
+#include "dsv4/launch.h"
+#include "dsv4/ue8m0.h"
+#include "wo_a_launchers.h"
+
+namespace dsv4::gpu {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kBlockK = 128;
+constexpr int kHalfK = 64;
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+#define DSV4_WO_A_MMA_NV 1
+#elif defined(__gfx942__) || defined(__gfx950__)
+#define DSV4_WO_A_MFMA 1
+#endif
+
+#if defined(__AMDGCN__) || defined(__HIP_PLATFORM_AMD__)
+constexpr int kTileN = 16;     // MFMA 16x16x32
+constexpr int kLaneRows = 4;   // accumulator rows per lane and M tile
+#else
+constexpr int kTileN = 8;      // mma m16n8k32
+constexpr int kLaneRows = 2;
+#endif
+constexpr int kWarps = kThreads / kWarpSize;
+
+struct Frag16 {
+  uint32_t u[4];
+};
+
+template <bool kVector>
+DSV4_DEVICE Frag16 load16(const uint8_t* p) {
+  Frag16 f;
+  if constexpr (kVector) {
+    const uint4 v = *reinterpret_cast<const uint4*>(p);
+    f.u[0] = v.x;
+    f.u[1] = v.y;
+    f.u[2] = v.z;
+    f.u[3] = v.w;
+  } else {
+#pragma unroll
+    for (int w = 0; w < 4; ++w) {
+      f.u[w] = static_cast<uint32_t>(p[4 * w]) | (static_cast<uint32_t>(p[4 * w + 1]) << 8) |
+               (static_cast<uint32_t>(p[4 * w + 2]) << 16) | (static_cast<uint32_t>(p[4 * w + 3]) << 24);
+    }
+  }
+  return f;
+}
+
+// c += A * B over the 32 k slots of sub-step s (s = 0, 1) of a half block (see the file comment).
+// NVIDIA: a_lo = row gid, a_hi = row gid + 8. AMD: a_lo = row i (a_hi unused).
+DSV4_DEVICE void mma_step(float* c, const Frag16& a_lo, const Frag16& a_hi, const Frag16& b, int s) {
+#if defined(DSV4_WO_A_MMA_NV)
+  asm volatile(
+      "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a_lo.u[2 * s]), "r"(a_hi.u[2 * s]), "r"(a_lo.u[2 * s + 1]), "r"(a_hi.u[2 * s + 1]), "r"(b.u[2 * s]),
+        "r"(b.u[2 * s + 1]));
+#elif defined(DSV4_WO_A_MFMA)
+  typedef float Float4 __attribute__((ext_vector_type(4)));
+  (void)a_hi;
+  const long a = static_cast<long>((static_cast<uint64_t>(a_lo.u[2 * s + 1]) << 32) | a_lo.u[2 * s]);
+  const long bb = static_cast<long>((static_cast<uint64_t>(b.u[2 * s + 1]) << 32) | b.u[2 * s]);
+  Float4 acc = {c[0], c[1], c[2], c[3]};
+  acc = __builtin_amdgcn_mfma_f32_16x16x32_fp8_fp8(a, bb, acc, 0, 0, 0);
+  c[0] = acc[0];
+  c[1] = acc[1];
+  c[2] = acc[2];
+  c[3] = acc[3];
+#else
+  (void)c;
+  (void)a_lo;
+  (void)a_hi;
+  (void)b;
+  (void)s;
+#if DSV4_DEVICE_PASS
+  __builtin_trap();  // no FP8 matrix unit in this device pass; the launcher is never reached there
+#endif
+#endif
+}
+
+// 2^e exactly, e in [-149, 127].
+DSV4_DEVICE float pow2i(int e) {
+  return e >= -126 ? bits_float(static_cast<uint32_t>(e + 127) << 23) : bits_float(1u << (e + 149));
+}
+
+// The factors f1 * f2 = 2^(xs + ws - 254 + shift), each exact; NaN when either byte is the E8M0 NaN.
+struct BlockScale {
+  float f1;
+  float f2;
+};
+
+DSV4_DEVICE BlockScale block_scale(uint32_t xs, uint32_t ws, int shift) {
+  const int e = static_cast<int>(xs) + static_cast<int>(ws) - 254 + shift;
+  int e1 = e < -126 ? -126 : (e > 127 ? 127 : e);
+  int e2 = e - e1;
+  e2 = e2 < -149 ? -149 : (e2 > 127 ? 127 : e2);
+  const bool nan = xs == kUe8m0NaN || ws == kUe8m0NaN;
+  return {nan ? bits_float(0x7fc00000u) : pow2i(e1), pow2i(e2)};
+}
+
+// The unit's operand encoding against each operand's: the exponent shift of the product.
+DSV4_DEVICE int encoding_shift(const BmmA8W8MxScaleArgs& args) {
+#if defined(__gfx942__)
+  // FNUZ unit: an OCP byte read as FNUZ is worth half.
+  return (args.x_format == Fp8Format::kOCP ? 1 : 0) + (args.w_format == Fp8Format::kOCP ? 1 : 0);
+#else
+  // OCP unit: an FNUZ byte read as OCP is worth twice.
+  return -(args.x_format == Fp8Format::kFNUZ ? 1 : 0) - (args.w_format == Fp8Format::kFNUZ ? 1 : 0);
+#endif
+}
+
+template <int kMTiles, int kBlockN, bool kSplitK, bool kVector>
+__global__ void __launch_bounds__(kThreads) bmm_kernel(BmmA8W8MxScaleArgs args) {
+  constexpr int kWarpsN = kSplitK ? 1 : kWarps;
+  constexpr int kWarpsK = kSplitK ? kWarps : 1;
+  constexpr int kNTiles = kBlockN / (kWarpsN * kTileN);
+  static_assert(kNTiles >= 1 && kNTiles * kWarpsN * kTileN == kBlockN, "N tile");
+  static_assert(kBlockK % kBlockN == 0 || kBlockN % kBlockK == 0, "N tile vs scale block");
+  constexpr int kAcc = kMTiles * kNTiles * 4;
+
+  const int lane = static_cast<int>(threadIdx.x) % kWarpSize;
+  const int warp = static_cast<int>(threadIdx.x) / kWarpSize;
+  const int warp_n = kSplitK ? 0 : warp;
+  const int warp_k = kSplitK ? warp : 0;
+#if defined(__AMDGCN__) || defined(__HIP_PLATFORM_AMD__)
+  const int frag_row = lane % 16;  // A row / B column of this lane
+  const int segment = lane / 16;   // 16-byte segment of a half block
+#else
+  const int frag_row = lane / 4;
+  const int segment = lane % 4;
+#endif
+  const int64_t group = blockIdx.z;
+  const int64_t m0 = static_cast<int64_t>(blockIdx.y) * (kMTiles * 16);
+  const int64_t n_warp = static_cast<int64_t>(blockIdx.x) * kBlockN + warp_n * (kNTiles * kTileN);
+  const int64_t k_blocks = args.k / kBlockK;
+  const int shift = encoding_shift(args);
+
+  // Row pointers of this lane's fragments (rows past M read row 0's... never: they are masked to zero).
+  const uint8_t* x_rows[kMTiles][2];
+  bool row_ok[kMTiles][2];
+#pragma unroll
+  for (int mt = 0; mt < kMTiles; ++mt) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int64_t m = m0 + mt * 16 + frag_row + 8 * h;
+      row_ok[mt][h] = m < args.m && (h == 0 || kLaneRows == 2);
+      x_rows[mt][h] = args.x + (row_ok[mt][h] ? m : 0) * args.x_stride_m + group * args.x_stride_g + segment * 16;
+    }
+  }
+  const uint8_t* w_rows[kNTiles];
+#pragma unroll
+  for (int nt = 0; nt < kNTiles; ++nt) {
+    w_rows[nt] = args.w + group * args.w_stride_g + (n_warp + nt * kTileN + frag_row) * args.w_stride_n + segment * 16;
+  }
+  const uint8_t* w_scale_row = args.w_scale + group * args.w_scale_stride_g + (n_warp / kBlockK) * args.w_scale_stride_nb;
+  // The accumulator rows of this lane: NVIDIA c0,c1 row gid, c2,c3 row gid + 8; AMD c_r row 4q + r (the
+  // scale bytes are addressed per K block: pointers held across the loop would cost registers).
+#if defined(__AMDGCN__) || defined(__HIP_PLATFORM_AMD__)
+  const int64_t lane_m = m0 + 4 * (lane / 16);
+  constexpr int kLaneRowStep = 1;
+#else
+  const int64_t lane_m = m0 + lane / 4;
+  constexpr int kLaneRowStep = 8;
+#endif
+  const uint8_t* x_scale_group = args.x_scale + group * args.x_scale_stride_g;
+
+  float acc[kAcc];
+#pragma unroll
+  for (int i = 0; i < kAcc; ++i) acc[i] = 0.0f;
+
+  // The weight fragments of the next K block are in flight while this one is multiplied (the weight is
+  // the stream that bounds small M).
+  // The block's scale bytes come with them.
+  Frag16 b_next[2][kNTiles];
+  uint32_t ws_next = 0;
+  uint32_t xs_next[kMTiles][kLaneRows];
+  const auto load_b = [&](int64_t kb) {
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+#pragma unroll
+      for (int nt = 0; nt < kNTiles; ++nt) b_next[half][nt] = load16<kVector>(w_rows[nt] + kb * kBlockK + half * kHalfK);
+    }
+    ws_next = w_scale_row[kb];
+#pragma unroll
+    for (int mt = 0; mt < kMTiles; ++mt) {
+#pragma unroll
+      for (int r = 0; r < kLaneRows; ++r) {
+        const int64_t m = lane_m + mt * 16 + r * kLaneRowStep;
+        xs_next[mt][r] = m < args.m ? x_scale_group[m * args.x_scale_stride_m + kb] : 127u;
+      }
+    }
+  };
+  if (warp_k < k_blocks) load_b(warp_k);
+
+  for (int64_t kb = warp_k; kb < k_blocks; kb += kWarpsK) {
+    Frag16 b_block[2][kNTiles];
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+#pragma unroll
+      for (int nt = 0; nt < kNTiles; ++nt) b_block[half][nt] = b_next[half][nt];
+    }
+    const uint32_t ws = ws_next;
+    uint32_t xs_block[kMTiles][kLaneRows];
+#pragma unroll
+    for (int mt = 0; mt < kMTiles; ++mt) {
+#pragma unroll
+      for (int r = 0; r < kLaneRows; ++r) xs_block[mt][r] = xs_next[mt][r];
+    }
+    if (kb + kWarpsK < k_blocks) load_b(kb + kWarpsK);
+    float part[kAcc];
+#pragma unroll
+    for (int i = 0; i < kAcc; ++i) part[i] = 0.0f;
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int64_t k = kb * kBlockK + half * kHalfK;
+      const Frag16* b = b_block[half];
+      Frag16 a[kMTiles][2];
+#pragma unroll
+      for (int mt = 0; mt < kMTiles; ++mt) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          if (row_ok[mt][h]) {
+            a[mt][h] = load16<kVector>(x_rows[mt][h] + k);
+          } else {
+            a[mt][h] = Frag16{{0u, 0u, 0u, 0u}};
+          }
+        }
+      }
+#pragma unroll
+      for (int s = 0; s < 2; ++s) {
+#pragma unroll
+        for (int mt = 0; mt < kMTiles; ++mt) {
+#pragma unroll
+          for (int nt = 0; nt < kNTiles; ++nt) mma_step(&part[(mt * kNTiles + nt) * 4], a[mt][0], a[mt][1], b[nt], s);
+        }
+      }
+    }
+#pragma unroll
+    for (int mt = 0; mt < kMTiles; ++mt) {
+#pragma unroll
+      for (int r = 0; r < kLaneRows; ++r) {
+        const BlockScale f = block_scale(xs_block[mt][r], ws, shift);
+#pragma unroll
+        for (int nt = 0; nt < kNTiles; ++nt) {
+          float* c = &part[(mt * kNTiles + nt) * 4];
+          float* sum = &acc[(mt * kNTiles + nt) * 4];
+#if defined(__AMDGCN__) || defined(__HIP_PLATFORM_AMD__)
+          sum[r] += (c[r] * f.f1) * f.f2;
+#else
+          sum[2 * r] += (c[2 * r] * f.f1) * f.f2;
+          sum[2 * r + 1] += (c[2 * r + 1] * f.f1) * f.f2;
+#endif
+        }
+      }
+    }
+  }
+
+  if constexpr (kSplitK) {
+    __shared__ float partials[kWarpsK > 1 ? kWarpsK - 1 : 1][kAcc][kWarpSize];
+    if (warp > 0) {
+#pragma unroll
+      for (int i = 0; i < kAcc; ++i) partials[warp - 1][i][lane] = acc[i];
+    }
+    __syncthreads();
+    if (warp > 0) return;
+    for (int w = 0; w < kWarpsK - 1; ++w) {
+#pragma unroll
+      for (int i = 0; i < kAcc; ++i) acc[i] += partials[w][i][lane];
+    }
+  }
+
+#pragma unroll
+  for (int mt = 0; mt < kMTiles; ++mt) {
+#pragma unroll
+    for (int nt = 0; nt < kNTiles; ++nt) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+#if defined(__AMDGCN__) || defined(__HIP_PLATFORM_AMD__)
+        const int64_t m = m0 + mt * 16 + 4 * (lane / 16) + i;
+        const int64_t n = n_warp + nt * kTileN + lane % 16;
+#else
+        const int64_t m = m0 + mt * 16 + lane / 4 + 8 * (i / 2);
+        const int64_t n = n_warp + nt * kTileN + 2 * (lane % 4) + (i % 2);
+#endif
+        if (m >= args.m) continue;
+        const float value = acc[(mt * kNTiles + nt) * 4 + i];
+        const int64_t offset = m * args.out_stride_m + group * args.out_stride_g + n;
+        if (args.out_fp32) {
+          static_cast<float*>(args.out)[offset] = value;
+        } else {
+          static_cast<uint16_t*>(args.out)[offset] = float_to_bf16_bits(value);
+        }
+      }
+    }
+  }
+}
+
+// Large M: a 128 x 64 output tile per block, K in stages of 64 (two per scale block) staged through
+// shared memory, double-buffered: the next stage's loads are in flight while the current stage
+// multiplies (NVIDIA: cp.async into the other buffer; AMD: held in registers, stored after the
+// multiply). Warps: (warps / 2) along M x 2 along N, each a (128 / (warps / 2)) x 32 tile (NVIDIA
+// 32 x 32 = 2 x 4 unit tiles, AMD 64 x 32 = 4 x 2). A 64-byte shared row makes a lane's 16-byte fragment
+// reads conflict-free (the 8 lanes of a phase read 128 contiguous bytes).
+constexpr int kTileM = 128;
+constexpr int kTileNLarge = 64;
+constexpr int kStageK = 64;
+constexpr int kAChunks = kTileM * kStageK / 16 / kThreads;       // 16-byte chunks per thread and stage
+constexpr int kBChunks = kTileNLarge * kStageK / 16 / kThreads;
+static_assert(kAChunks * kThreads * 16 == kTileM * kStageK && kBChunks * kThreads * 16 == kTileNLarge * kStageK,
+              "staging");
+
+__global__ void __launch_bounds__(kThreads) bmm_tiled_kernel(BmmA8W8MxScaleArgs args) {
+  constexpr int kWarpsN = 2;
+  constexpr int kWarpsM = kWarps / kWarpsN;
+  constexpr int kWarpN = kTileNLarge / kWarpsN;
+  constexpr int kMTiles = kTileM / kWarpsM / 16;
+  constexpr int kNTiles = kWarpN / kTileN;
+  constexpr int kAcc = kMTiles * kNTiles * 4;
+  __shared__ __attribute__((aligned(16))) uint8_t a_stage[2][kTileM * kStageK];
+  __shared__ __attribute__((aligned(16))) uint8_t b_stage[2][kTileNLarge * kStageK];
+
+  const int lane = static_cast<int>(threadIdx.x) % kWarpSize;
+  const int warp = static_cast<int>(threadIdx.x) / kWarpSize;
+  const int warp_m = warp / kWarpsN;
+  const int warp_n = warp % kWarpsN;
+#if defined(__AMDGCN__) || defined(__HIP_PLATFORM_AMD__)
+  const int frag_row = lane % 16;
+  const int segment = lane / 16;
+#else
+  const int frag_row = lane / 4;
+  const int segment = lane % 4;
+#endif
+  const int64_t group = blockIdx.z;
+  const int64_t m0 = static_cast<int64_t>(blockIdx.y) * kTileM;
+  const int64_t n0 = static_cast<int64_t>(blockIdx.x) * kTileNLarge;
+  const int64_t stages = args.k / kStageK;
+  const int shift = encoding_shift(args);
+
+  // Staging: chunk c = threadIdx.x + j * kThreads is row c / 4, bytes [16 (c % 4), 16 (c % 4) + 16).
+  const uint8_t* a_src[kAChunks];
+  const uint8_t* b_src[kBChunks];
+  bool a_ok[kAChunks];
+#pragma unroll
+  for (int j = 0; j < kAChunks; ++j) {
+    const int c = static_cast<int>(threadIdx.x) + j * kThreads;
+    const int64_t m = m0 + c / 4;
+    a_ok[j] = m < args.m;
+    a_src[j] = args.x + (a_ok[j] ? m : 0) * args.x_stride_m + group * args.x_stride_g + (c % 4) * 16;
+  }
+#pragma unroll
+  for (int j = 0; j < kBChunks; ++j) {
+    const int c = static_cast<int>(threadIdx.x) + j * kThreads;
+    b_src[j] = args.w + group * args.w_stride_g + (n0 + c / 4) * args.w_stride_n + (c % 4) * 16;
+  }
+#if defined(__CUDA_ARCH__)
+  // NVIDIA: cp.async straight into shared memory (rows past M are zero-filled: source size 0).
+  const auto issue_stage = [&](int64_t stage, int buffer) {
+    const int64_t k = stage * kStageK;
+#pragma unroll
+    for (int j = 0; j < kAChunks; ++j) {
+      const int c = static_cast<int>(threadIdx.x) + j * kThreads;
+      const uint32_t a_dst = static_cast<uint32_t>(__cvta_generic_to_shared(&a_stage[buffer][c * 16]));
+      asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(a_dst), "l"(a_src[j] + k),
+                   "r"(a_ok[j] ? 16 : 0));
+    }
+#pragma unroll
+    for (int j = 0; j < kBChunks; ++j) {
+      const int c = static_cast<int>(threadIdx.x) + j * kThreads;
+      const uint32_t b_dst = static_cast<uint32_t>(__cvta_generic_to_shared(&b_stage[buffer][c * 16]));
+      asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(b_dst), "l"(b_src[j] + k));
+    }
+    asm volatile("cp.async.commit_group;\n" ::);
+  };
+#else
+  uint4 a_regs[kAChunks];
+  uint4 b_regs[kBChunks];
+#endif
+#if !defined(__CUDA_ARCH__)
+  // AMD: the next stage waits in registers while this one multiplies, then goes to shared memory.
+  const auto load_stage = [&](int64_t stage) {
+    const int64_t k = stage * kStageK;
+#pragma unroll
+    for (int j = 0; j < kAChunks; ++j) {
+      a_regs[j] = a_ok[j] ? *reinterpret_cast<const uint4*>(a_src[j] + k) : make_uint4(0u, 0u, 0u, 0u);
+    }
+#pragma unroll
+    for (int j = 0; j < kBChunks; ++j) b_regs[j] = *reinterpret_cast<const uint4*>(b_src[j] + k);
+  };
+  const auto store_stage = [&](int buffer) {
+#pragma unroll
+    for (int j = 0; j < kAChunks; ++j) {
+      *reinterpret_cast<uint4*>(&a_stage[buffer][(threadIdx.x + j * kThreads) * 16]) = a_regs[j];
+    }
+#pragma unroll
+    for (int j = 0; j < kBChunks; ++j) {
+      *reinterpret_cast<uint4*>(&b_stage[buffer][(threadIdx.x + j * kThreads) * 16]) = b_regs[j];
+    }
+  };
+#endif
+
+  // The first accumulator row of this lane (NVIDIA: rows gid, gid + 8; AMD: rows 4q .. 4q + 3 of each
+  // M tile); the scale rows are addressed when a block is folded (pointers held across the loop would
+  // cost registers).
+#if defined(__AMDGCN__) || defined(__HIP_PLATFORM_AMD__)
+  const int64_t lane_m = m0 + warp_m * (kMTiles * 16) + 4 * (lane / 16);
+  constexpr int kLaneRowStep = 1;
+#else
+  const int64_t lane_m = m0 + warp_m * (kMTiles * 16) + lane / 4;
+  constexpr int kLaneRowStep = 8;
+#endif
+  const uint8_t* x_scale_group = args.x_scale + group * args.x_scale_stride_g;
+  const uint8_t* w_scale_row = args.w_scale + group * args.w_scale_stride_g + (n0 / kBlockK) * args.w_scale_stride_nb;
+
+  float acc[kAcc];
+#pragma unroll
+  for (int i = 0; i < kAcc; ++i) acc[i] = 0.0f;
+
+#if defined(__CUDA_ARCH__)
+  issue_stage(0, 0);
+#else
+  load_stage(0);
+  store_stage(0);
+  __syncthreads();
+#endif
+  const int64_t k_blocks = args.k / kBlockK;
+  for (int64_t kb = 0; kb < k_blocks; ++kb) {
+    float part[kAcc];
+#pragma unroll
+    for (int i = 0; i < kAcc; ++i) part[i] = 0.0f;
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {  // stage 2 kb + half lives in buffer `half`
+      const int64_t stage = 2 * kb + half;
+      const bool more = stage + 1 < stages;
+#if defined(__CUDA_ARCH__)
+      if (more) {
+        issue_stage(stage + 1, half ^ 1);
+        asm volatile("cp.async.wait_group 1;\n" ::);
+      } else {
+        asm volatile("cp.async.wait_group 0;\n" ::);
+      }
+      __syncthreads();
+#else
+      if (more) load_stage(stage + 1);
+#endif
+      Frag16 b[kNTiles];
+#pragma unroll
+      for (int nt = 0; nt < kNTiles; ++nt) {
+        const int row = warp_n * kWarpN + nt * kTileN + frag_row;
+        const uint4 v = *reinterpret_cast<const uint4*>(&b_stage[half][row * kStageK + segment * 16]);
+        b[nt] = Frag16{{v.x, v.y, v.z, v.w}};
+      }
+#pragma unroll
+      for (int mt = 0; mt < kMTiles; ++mt) {
+        Frag16 a[2];
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int row = warp_m * (kMTiles * 16) + mt * 16 + frag_row + (kLaneRows == 2 ? 8 * h : 0);
+          if (h == 0 || kLaneRows == 2) {
+            const uint4 v = *reinterpret_cast<const uint4*>(&a_stage[half][row * kStageK + segment * 16]);
+            a[h] = Frag16{{v.x, v.y, v.z, v.w}};
+          } else {
+            a[h] = a[0];
+          }
+        }
+#pragma unroll
+        for (int s = 0; s < 2; ++s) {
+#pragma unroll
+          for (int nt = 0; nt < kNTiles; ++nt) mma_step(&part[(mt * kNTiles + nt) * 4], a[0], a[1], b[nt], s);
+        }
+      }
+#if !defined(__CUDA_ARCH__)
+      if (more) store_stage(half ^ 1);
+#endif
+      __syncthreads();
+    }
+    const uint32_t ws = w_scale_row[kb];
+#pragma unroll
+    for (int mt = 0; mt < kMTiles; ++mt) {
+#pragma unroll
+      for (int r = 0; r < kLaneRows; ++r) {
+        const int64_t m = lane_m + mt * 16 + r * kLaneRowStep;
+        const uint32_t xs = m < args.m ? x_scale_group[m * args.x_scale_stride_m + kb] : 127u;
+        const BlockScale f = block_scale(xs, ws, shift);
+#pragma unroll
+        for (int nt = 0; nt < kNTiles; ++nt) {
+          const float* c = &part[(mt * kNTiles + nt) * 4];
+          float* sum = &acc[(mt * kNTiles + nt) * 4];
+#if defined(__AMDGCN__) || defined(__HIP_PLATFORM_AMD__)
+          sum[r] += (c[r] * f.f1) * f.f2;
+#else
+          sum[2 * r] += (c[2 * r] * f.f1) * f.f2;
+          sum[2 * r + 1] += (c[2 * r + 1] * f.f1) * f.f2;
+#endif
+        }
+      }
+    }
+  }
+
+#pragma unroll
+  for (int mt = 0; mt < kMTiles; ++mt) {
+#pragma unroll
+    for (int nt = 0; nt < kNTiles; ++nt) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+#if defined(__AMDGCN__) || defined(__HIP_PLATFORM_AMD__)
+        const int64_t m = m0 + warp_m * (kMTiles * 16) + mt * 16 + 4 * (lane / 16) + i;
+        const int64_t n = n0 + warp_n * kWarpN + nt * kTileN + lane % 16;
+#else
+        const int64_t m = m0 + warp_m * (kMTiles * 16) + mt * 16 + lane / 4 + 8 * (i / 2);
+        const int64_t n = n0 + warp_n * kWarpN + nt * kTileN + 2 * (lane % 4) + (i % 2);
+#endif
+        if (m >= args.m) continue;
+        const float value = acc[(mt * kNTiles + nt) * 4 + i];
+        const int64_t offset = m * args.out_stride_m + group * args.out_stride_g + n;
+        if (args.out_fp32) {
+          static_cast<float*>(args.out)[offset] = value;
+        } else {
+          static_cast<uint16_t*>(args.out)[offset] = float_to_bf16_bits(value);
+        }
+      }
+    }
+  }
+}
+
+template <int kMTiles, int kBlockN, bool kSplitK>
+LaunchStatus launch_config(const BmmA8W8MxScaleArgs& args, bool vector, hipStream_t stream) {
+  const int64_t m_tiles = (args.m + kMTiles * 16 - 1) / (kMTiles * 16);
+  if (m_tiles > 65535 || args.groups > 65535 || args.n / kBlockN > 0x7fffffff) return LaunchStatus::kInvalidArgument;
+  const dim3 grid(static_cast<unsigned>(args.n / kBlockN), static_cast<unsigned>(m_tiles),
+                  static_cast<unsigned>(args.groups));
+  if (vector) {
+    hipLaunchKernelGGL((bmm_kernel<kMTiles, kBlockN, kSplitK, true>), grid, dim3(kThreads), 0, stream, args);
+  } else {
+    hipLaunchKernelGGL((bmm_kernel<kMTiles, kBlockN, kSplitK, false>), grid, dim3(kThreads), 0, stream, args);
+  }
+  return last_launch_status();
+}
+
+}  // namespace
+
+LaunchStatus launch_bmm_a8w8_mxscale(const BmmA8W8MxScaleArgs& args, void* stream) {
+  if (args.m < 0 || args.groups < 1 || args.n < kBlockK || args.k < kBlockK || args.n % kBlockK != 0 ||
+      args.k % kBlockK != 0) {
+    return LaunchStatus::kInvalidArgument;
+  }
+  if (args.m == 0) return LaunchStatus::kOk;
+  const bool vector = is_aligned(args.x, 16) && is_aligned(args.w, 16) && args.x_stride_m % 16 == 0 &&
+                      args.x_stride_g % 16 == 0 && args.w_stride_g % 16 == 0 && args.w_stride_n % 16 == 0;
+  const auto hip_stream = static_cast<hipStream_t>(stream);
+  if (args.m <= 16) return launch_config<1, 16, true>(args, vector, hip_stream);
+  if (args.m <= 32) return launch_config<2, 16, true>(args, vector, hip_stream);
+  if (args.m <= 64) return launch_config<4, 16, true>(args, vector, hip_stream);
+  if (!vector) return launch_config<4, 128, false>(args, vector, hip_stream);  // unaligned rows: no staging
+  const int64_t m_tiles = (args.m + kTileM - 1) / kTileM;
+  if (m_tiles > 65535 || args.groups > 65535) return LaunchStatus::kInvalidArgument;
+  const dim3 grid(static_cast<unsigned>(args.n / kTileNLarge), static_cast<unsigned>(m_tiles),
+                  static_cast<unsigned>(args.groups));
+  hipLaunchKernelGGL(bmm_tiled_kernel, grid, dim3(kThreads), 0, hip_stream, args);
+  return last_launch_status();
+}
+
+}  // namespace dsv4::gpu

@@ -1,0 +1,205 @@
+// wo_a elementwise kernels (spec/wo_a.md §3): inverse_rope_group_quant and inverse_rope. The per-element
+// numerics are the CPU path's own (dsv4/rope.h rope_unrotate_pair, dsv4/ue8m0.h ue8m0_encode_rceil,
+// dsv4/ds_mla.h ue8m0_inverse_scale, dsv4/fp8.h fp8_encode_clamped, two at a time through dsv4/fp8x2.h),
+// so the bytes equal the CPU bytes.
+//
+// Both kernels are memory bound and treat the input as a flat array: o [S, H, 512] read as [S, G, D]
+// is the same element order as x_fp8 [S, G, D] (spec §3.5), so element e of o becomes byte e of x_fp8.
+// group quant: a thread owns 16 consecutive lanes (two 16-byte loads, one 16-byte store); a quant group
+// of group_size lanes is group_size / 16 consecutive threads (2, 4 or 8), whose amax is a butterfly of
+// shuffles. 448 = 28 * 16, so a thread's lanes are all NoPE or all rope lanes of one head.
+// inverse_rope: a thread owns 8 lanes (one 16-byte load and store).
+// Grid-stride loops; the number of threads' items is a multiple of 32, so a warp (32 lanes on NVIDIA)
+// is always wholly active or wholly done, and a shuffle group (<= 8 aligned lanes) on either vendor too.
+#include "dsv4/bf16.h"
+#include "dsv4/ds_mla.h"
+#include "dsv4/fp8.h"
+#include "dsv4/fp8x2.h"
+#include "dsv4/launch.h"
+#include "dsv4/rope.h"
+#include "dsv4/ue8m0.h"
+#include "wo_a_launchers.h"
+
+namespace dsv4::gpu {
+namespace {
+
+constexpr int kHeadDim = 512;
+constexpr int kRopeDim = 64;
+constexpr int kNopeDim = kHeadDim - kRopeDim;
+constexpr float kGroupAmaxFloor = 1e-8f;  // spec §3.3, as the CPU path
+constexpr int kQuantLanes = 16;           // lanes per thread, group quant
+constexpr int kRopeLanes = 8;             // lanes per thread, inverse_rope
+
+template <int kCount>
+DSV4_DEVICE void load_bf16(const uint16_t* src, bool vector, float* values) {
+  if (vector) {
+#pragma unroll
+    for (int v = 0; v < kCount / 8; ++v) {
+      const uint4 raw = *reinterpret_cast<const uint4*>(src + 8 * v);
+      const uint32_t words[4] = {raw.x, raw.y, raw.z, raw.w};
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        values[8 * v + 2 * i] = bf16_bits_to_float(static_cast<uint16_t>(words[i] & 0xffffu));
+        values[8 * v + 2 * i + 1] = bf16_bits_to_float(static_cast<uint16_t>(words[i] >> 16));
+      }
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < kCount; ++i) values[i] = bf16_bits_to_float(src[i]);
+  }
+}
+
+// RopeTable::value with the table's dtype known at compile time (fewer branches: on AMDGPU a branch
+// per load costs scalar registers).
+template <bool kBf16Table>
+DSV4_DEVICE float table_value(const RopeTable& rope, int64_t row, int column) {
+  const int64_t index = row * kRopeDim + column;
+  if constexpr (kBf16Table) {
+    return bf16_bits_to_float(static_cast<const uint16_t*>(rope.cos_sin)[index]);
+  } else {
+    return static_cast<const float*>(rope.cos_sin)[index];
+  }
+}
+
+// Rotates lanes [lane, lane + count) of a head back when they are rope lanes (all or none of them are).
+template <int kCount, bool kBf16Table>
+DSV4_DEVICE void unrotate(const RopeTable& rope, int64_t token, int lane, float* values) {
+  if (lane < kNopeDim) return;
+  const int64_t row = rope.row_of(token);
+  const int first_pair = (lane - kNopeDim) / 2;
+#pragma unroll
+  for (int p = 0; p < kCount / 2; ++p) {
+    rope_unrotate_pair(values[2 * p], values[2 * p + 1], table_value<kBf16Table>(rope, row, first_pair + p),
+                       table_value<kBf16Table>(rope, row, kRopeDim / 2 + first_pair + p));
+  }
+}
+
+template <Fp8Format F, int kGroupThreads, bool kBf16Table>
+__global__ void __launch_bounds__(kElementwiseThreads)
+    group_quant_kernel(InverseRopeGroupQuantArgs args, int64_t items, bool vector) {
+  const int64_t items_per_token = args.heads * (kHeadDim / kQuantLanes);
+  const int64_t width = args.heads * kHeadDim / args.groups;  // D
+  for (int64_t item = global_thread_index(); item < items; item += global_thread_count()) {
+    const IndexSplit split = divide_index(item, items_per_token);
+    const int64_t token = split.quotient;
+    const int64_t lane_in_token = split.remainder * kQuantLanes;
+    const int64_t flat = item * kQuantLanes;
+    float values[kQuantLanes];
+    load_bf16<kQuantLanes>(args.o + flat, vector, values);
+    if (args.apply_inverse_rope) {
+      unrotate<kQuantLanes, kBf16Table>(args.rope, token, static_cast<int>(lane_in_token % kHeadDim), values);
+    }
+    float amax = 0.0f;  // fmaxf ignores NaN, as the CPU path's std::fmax
+#pragma unroll
+    for (int i = 0; i < kQuantLanes; ++i) amax = fmaxf(amax, fabsf(values[i]));
+#pragma unroll
+    for (int mask = kGroupThreads / 2; mask >= 1; mask >>= 1) {
+      amax = fmaxf(amax, shuffle_xor(amax, mask, kGroupThreads));
+    }
+    const uint8_t byte = ue8m0_encode_rceil(amax, args.quant_max, kGroupAmaxFloor);
+    const float inverse = ds_mla::ue8m0_inverse_scale(byte);
+    uint32_t words[kQuantLanes / 4];
+#pragma unroll
+    for (int w = 0; w < kQuantLanes / 4; ++w) {
+      words[w] = fp8x2_encode_clamped<F>(values[4 * w] * inverse, values[4 * w + 1] * inverse, args.quant_max) |
+                 (fp8x2_encode_clamped<F>(values[4 * w + 2] * inverse, values[4 * w + 3] * inverse,
+                                          args.quant_max) << 16);
+    }
+    uint8_t* out = args.x_fp8 + flat;
+    if (vector) {
+      *reinterpret_cast<uint4*>(out) = make_uint4(words[0], words[1], words[2], words[3]);
+    } else {
+#pragma unroll
+      for (int i = 0; i < kQuantLanes; ++i) out[i] = static_cast<uint8_t>(words[i / 4] >> (8 * (i % 4)));
+    }
+    if (item % kGroupThreads == 0) {
+      const IndexSplit gk = divide_index(lane_in_token, width);
+      args.x_scale[token * args.scale_token_stride + gk.quotient * args.scale_group_stride +
+                   gk.remainder / args.group_size] = byte;
+    }
+  }
+}
+
+template <bool kBf16Table>
+__global__ void __launch_bounds__(kElementwiseThreads)
+    inverse_rope_kernel(InverseRopeArgs args, int64_t items, bool vector) {
+  const int64_t items_per_token = args.heads * (kHeadDim / kRopeLanes);
+  for (int64_t item = global_thread_index(); item < items; item += global_thread_count()) {
+    const IndexSplit split = divide_index(item, items_per_token);
+    const int64_t flat = item * kRopeLanes;
+    float values[kRopeLanes];
+    load_bf16<kRopeLanes>(args.o + flat, vector, values);
+    unrotate<kRopeLanes, kBf16Table>(args.rope, split.quotient, static_cast<int>((split.remainder * kRopeLanes) % kHeadDim),
+                         values);
+    // Every lane goes through fp32 and back, as on the CPU (a signalling NaN comes out quiet).
+    uint32_t words[kRopeLanes / 2];
+#pragma unroll
+    for (int i = 0; i < kRopeLanes / 2; ++i) {
+      words[i] = static_cast<uint32_t>(float_to_bf16_bits(values[2 * i])) |
+                 (static_cast<uint32_t>(float_to_bf16_bits(values[2 * i + 1])) << 16);
+    }
+    uint16_t* out = args.out + flat;
+    if (vector) {
+      *reinterpret_cast<uint4*>(out) = make_uint4(words[0], words[1], words[2], words[3]);
+    } else {
+#pragma unroll
+      for (int i = 0; i < kRopeLanes; ++i) out[i] = static_cast<uint16_t>(words[i / 2] >> (16 * (i % 2)));
+    }
+  }
+}
+
+template <Fp8Format F, bool kBf16Table>
+void launch_group_quant(const InverseRopeGroupQuantArgs& args, int64_t items, bool vector, hipStream_t stream) {
+  const dim3 grid(elementwise_blocks(items));
+  const dim3 block(kElementwiseThreads);
+  switch (args.group_size) {
+    case 32:
+      hipLaunchKernelGGL((group_quant_kernel<F, 2, kBf16Table>), grid, block, 0, stream, args, items, vector);
+      break;
+    case 64:
+      hipLaunchKernelGGL((group_quant_kernel<F, 4, kBf16Table>), grid, block, 0, stream, args, items, vector);
+      break;
+    default:
+      hipLaunchKernelGGL((group_quant_kernel<F, 8, kBf16Table>), grid, block, 0, stream, args, items, vector);
+      break;
+  }
+}
+
+}  // namespace
+
+LaunchStatus launch_inverse_rope_group_quant(const InverseRopeGroupQuantArgs& args, void* stream) {
+  if (args.tokens < 0 || args.heads < 1 || args.groups < 1 || (args.heads * kHeadDim) % args.groups != 0 ||
+      (args.group_size != 32 && args.group_size != 64 && args.group_size != 128) ||
+      ((args.heads * kHeadDim) / args.groups) % args.group_size != 0 || !(args.quant_max > 0.0f)) {
+    return LaunchStatus::kInvalidArgument;
+  }
+  const int64_t items = args.tokens * args.heads * (kHeadDim / kQuantLanes);
+  if (items == 0) return LaunchStatus::kOk;
+  const bool vector = is_aligned(args.o, 16) && is_aligned(args.x_fp8, 16);
+  const auto hip_stream = static_cast<hipStream_t>(stream);
+  with_fp8_format(args.format, [&](auto tag) {
+    if (args.rope.bf16) {
+      launch_group_quant<decltype(tag)::value, true>(args, items, vector, hip_stream);
+    } else {
+      launch_group_quant<decltype(tag)::value, false>(args, items, vector, hip_stream);
+    }
+  });
+  return last_launch_status();
+}
+
+LaunchStatus launch_inverse_rope(const InverseRopeArgs& args, void* stream) {
+  if (args.tokens < 0 || args.heads < 1) return LaunchStatus::kInvalidArgument;
+  const int64_t items = args.tokens * args.heads * (kHeadDim / kRopeLanes);
+  if (items == 0) return LaunchStatus::kOk;
+  const bool vector = is_aligned(args.o, 16) && is_aligned(args.out, 16);
+  const dim3 grid(elementwise_blocks(items));
+  const auto hip_stream = static_cast<hipStream_t>(stream);
+  if (args.rope.bf16) {
+    hipLaunchKernelGGL(inverse_rope_kernel<true>, grid, dim3(kElementwiseThreads), 0, hip_stream, args, items, vector);
+  } else {
+    hipLaunchKernelGGL(inverse_rope_kernel<false>, grid, dim3(kElementwiseThreads), 0, hip_stream, args, items, vector);
+  }
+  return last_launch_status();
+}
+
+}  // namespace dsv4::gpu
