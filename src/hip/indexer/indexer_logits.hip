@@ -2,12 +2,12 @@
 //   logits[r, j] = k_scale[j] * sum_h weights[r, h] * ReLU(q[r, h, :] . k[j, :])
 // (ReLU commutes with the positive k_scale), never materialising the [rows, heads, keys] scores.
 //
-// Work split. A block of 256 threads serves 4 query rows; the warps of a row (2 on NVIDIA, 1 wavefront
+// Work split. A block of 128 threads serves 2 query rows; the warps of a row (2 on NVIDIA, 1 wavefront
 // on AMD) take interleaved sub-tiles of keys of the row's window, within the key chunk of the block
 // (grid.y splits the key range so that few rows still fill the GPU). A warp keeps the FP8 fragments of
 // all heads x dim of its query row in registers for the whole key loop; per sub-tile it loads each key
-// row (FP8 bytes, straight from global memory: 16-byte loads, every byte of a fetched row used) as the
-// B operand and runs one MMA per (16 heads, 32 dims) against it. The heads of the row are the MMA's M
+// row (FP8 bytes, straight from global memory: 16-byte loads, every byte of a fetched row used, one
+// sub-tile ahead) as the B operand and runs one MMA per (16 heads, 32 dims) against it. The heads of the row are the MMA's M
 // dimension, D its K dimension, the keys its N dimension. The epilogue applies ReLU and the head
 // weights on the accumulator fragments, reduces over the lanes that hold the other heads, and writes one
 // logit per key.
@@ -41,8 +41,9 @@
 namespace dsv4::gpu {
 namespace {
 
-constexpr int kThreads = 256;
-constexpr int kRowsPerBlock = 4;      // query rows per block; warps per row = kThreads / kWarpSize / 4
+constexpr int kThreads = 128;
+constexpr int kRowsPerBlock = 2;      // query rows per block; warps per row = kThreads / kWarpSize / 2
+constexpr int kMinBlocks = 3;        // resident blocks per SM the register budget must allow (12 warps on NVIDIA)
 constexpr int64_t kTargetBlocks = 1056;  // about 8 per SM on current GPUs
 constexpr int64_t kMinChunk = 256;    // keys per block at least, when the key range is split
 
@@ -138,6 +139,18 @@ struct PagedKeys {
   }
 };
 
+// The lane's KS words of key row `key` (zeros where its block is missing).
+template <int KS, class Keys>
+DSV4_DEVICE void fetch_key(const Keys& keys, int64_t key, int part, uint64_t (&w)[KS]) {
+  const uint8_t* kb = keys.bytes(key);
+  if (kb != nullptr) {
+    load_words<KS>(kb + part * 8 * KS, w);
+  } else {
+#pragma unroll
+    for (int s = 0; s < KS; ++s) w[s] = 0;
+  }
+}
+
 // One warp: logits of one query row for the keys [lo, hi), sub-tiles sub_first, sub_first + sub_step, ...
 // q: the row's [HT * 16, KS * 32] codes at head_stride; w: its HT * 16 weights.
 template <int HT, int KS, class Keys>
@@ -162,18 +175,15 @@ DSV4_DEVICE void row_logits(const uint8_t* q, int64_t head_stride, const float* 
       wt[ht][half] = w[head];
     }
   }
-  for (int64_t base = lo + static_cast<int64_t>(sub_first) * kSub; base < hi; base += static_cast<int64_t>(sub_step) * kSub) {
-    const int64_t key = base + krow < hi ? base + krow : hi - 1;
-    const uint8_t* kb = keys.bytes(key);
+  const int64_t step = static_cast<int64_t>(sub_step) * kSub;
+  int64_t base = lo + static_cast<int64_t>(sub_first) * kSub;
+  uint64_t next[KS];  // the next sub-tile's key bytes, loaded one iteration ahead
+  if (base < hi) fetch_key<KS>(keys, base + krow < hi ? base + krow : hi - 1, part, next);
+  for (; base < hi; base += step) {
     uint64_t b[KS];
-    if (kb != nullptr) {
-      load_words<KS>(kb + part * 8 * KS, b);
 #pragma unroll
-      for (int s = 0; s < KS; ++s) b[s] = to_native(b[s], k_fnuz);
-    } else {
-#pragma unroll
-      for (int s = 0; s < KS; ++s) b[s] = 0;
-    }
+    for (int s = 0; s < KS; ++s) b[s] = to_native(next[s], k_fnuz);
+    if (base + step < hi) fetch_key<KS>(keys, base + step + krow < hi ? base + step + krow : hi - 1, part, next);
     float acc[HT][4];
 #pragma unroll
     for (int ht = 0; ht < HT; ++ht) acc[ht][0] = acc[ht][1] = acc[ht][2] = acc[ht][3] = 0.0f;
@@ -230,18 +240,15 @@ DSV4_DEVICE void row_logits(const uint8_t* q, int64_t head_stride, const float* 
 #pragma unroll
     for (int i = 0; i < 4; ++i) wt[ht][i] = w[ht * 16 + 4 * part + i];  // D rows 4p..4p+3 of the lane
   }
-  for (int64_t base = lo + static_cast<int64_t>(sub_first) * kSub; base < hi; base += static_cast<int64_t>(sub_step) * kSub) {
-    const int64_t key = base + krow < hi ? base + krow : hi - 1;
-    const uint8_t* kb = keys.bytes(key);
+  const int64_t step = static_cast<int64_t>(sub_step) * kSub;
+  int64_t base = lo + static_cast<int64_t>(sub_first) * kSub;
+  uint64_t next[KS];  // the next sub-tile's key bytes, loaded one iteration ahead
+  if (base < hi) fetch_key<KS>(keys, base + krow < hi ? base + krow : hi - 1, part, next);
+  for (; base < hi; base += step) {
     uint64_t b[KS];
-    if (kb != nullptr) {
-      load_words<KS>(kb + part * 8 * KS, b);
 #pragma unroll
-      for (int s = 0; s < KS; ++s) b[s] = to_native(b[s], k_fnuz);
-    } else {
-#pragma unroll
-      for (int s = 0; s < KS; ++s) b[s] = 0;
-    }
+    for (int s = 0; s < KS; ++s) b[s] = to_native(next[s], k_fnuz);
+    if (base + step < hi) fetch_key<KS>(keys, base + step + krow < hi ? base + step + krow : hi - 1, part, next);
     floatx4 acc[HT];
 #pragma unroll
     for (int ht = 0; ht < HT; ++ht) acc[ht] = floatx4{0.0f, 0.0f, 0.0f, 0.0f};
@@ -263,7 +270,7 @@ DSV4_DEVICE void row_logits(const uint8_t* q, int64_t head_stride, const float* 
     p += lane_xor(p, 16);
     p += lane_xor(p, 32);
     const int64_t j = base + krow;
-    if (part == 0 && j < hi) out[j] = kb != nullptr ? p * (keys.key_scale(j) * factor) : minus_inf();
+    if (part == 0 && j < hi) out[j] = keys.bytes(j) != nullptr ? p * (keys.key_scale(j) * factor) : minus_inf();
   }
 #else
   (void)lane, (void)q, (void)head_stride, (void)w, (void)keys, (void)lo, (void)hi, (void)sub_first, (void)sub_step;
@@ -300,7 +307,7 @@ DSV4_DEVICE void fill_outside(float* out, int64_t c0, int64_t c1, int64_t start,
 }
 
 template <int HT, int KS>
-__global__ void __launch_bounds__(kThreads) mqa_logits_mma_kernel(MqaLogitsArgs args, int64_t chunk) {
+__global__ void __launch_bounds__(kThreads, kMinBlocks) mqa_logits_mma_kernel(MqaLogitsArgs args, int64_t chunk) {
   const RowPlace p = row_place();
   if (p.row >= args.m) return;
   const int64_t c0 = static_cast<int64_t>(blockIdx.y) * chunk;
@@ -319,7 +326,7 @@ __global__ void __launch_bounds__(kThreads) mqa_logits_mma_kernel(MqaLogitsArgs 
 }
 
 template <int HT, int KS>
-__global__ void __launch_bounds__(kThreads) paged_mqa_logits_mma_kernel(PagedMqaLogitsArgs args, int64_t chunk) {
+__global__ void __launch_bounds__(kThreads, kMinBlocks) paged_mqa_logits_mma_kernel(PagedMqaLogitsArgs args, int64_t chunk) {
   const RowPlace p = row_place();
   const int64_t rows = args.batch * args.next_n;
   if (p.row >= rows) return;
