@@ -139,16 +139,43 @@ struct PagedKeys {
   }
 };
 
-// The lane's KS words of key row `key` (zeros where its block is missing).
+// What a lane fetches of one key, one sub-tile ahead of its use: its KS words of the key row, the key's
+// scale and whether the key's block exists (zeros and no scale where it is missing).
+template <int KS>
+struct KeyFetch {
+  uint64_t words[KS];
+  float scale;
+  bool present;
+};
+
 template <int KS, class Keys>
-DSV4_DEVICE void fetch_key(const Keys& keys, int64_t key, int part, uint64_t (&w)[KS]) {
+DSV4_DEVICE void fetch_key(const Keys& keys, int64_t key, int part, KeyFetch<KS>& f) {
   const uint8_t* kb = keys.bytes(key);
-  if (kb != nullptr) {
-    load_words<KS>(kb + part * 8 * KS, w);
+  f.present = kb != nullptr;
+  if (f.present) {
+    load_words<KS>(kb + part * 8 * KS, f.words);
+    f.scale = keys.key_scale(key);
   } else {
 #pragma unroll
-    for (int s = 0; s < KS; ++s) w[s] = 0;
+    for (int s = 0; s < KS; ++s) f.words[s] = 0;
+    f.scale = 0.0f;
   }
+}
+
+DSV4_DEVICE float lane_value(float v, int src) {
+#if defined(__HIP_PLATFORM_AMD__) || defined(__HIPCC__)
+  return __shfl(v, src, kWarpSize);
+#else
+  return __shfl_sync(0xffffffffu, v, src);
+#endif
+}
+
+DSV4_DEVICE int lane_value(int v, int src) {
+#if defined(__HIP_PLATFORM_AMD__) || defined(__HIPCC__)
+  return __shfl(v, src, kWarpSize);
+#else
+  return __shfl_sync(0xffffffffu, v, src);
+#endif
 }
 
 // One warp: logits of one query row for the keys [lo, hi), sub-tiles sub_first, sub_first + sub_step, ...
@@ -177,12 +204,14 @@ DSV4_DEVICE void row_logits(const uint8_t* q, int64_t head_stride, const float* 
   }
   const int64_t step = static_cast<int64_t>(sub_step) * kSub;
   int64_t base = lo + static_cast<int64_t>(sub_first) * kSub;
-  uint64_t next[KS];  // the next sub-tile's key bytes, loaded one iteration ahead
+  KeyFetch<KS> next;  // the lane's key of the next sub-tile, loaded one iteration ahead
   if (base < hi) fetch_key<KS>(keys, base + krow < hi ? base + krow : hi - 1, part, next);
   for (; base < hi; base += step) {
     uint64_t b[KS];
 #pragma unroll
-    for (int s = 0; s < KS; ++s) b[s] = to_native(next[s], k_fnuz);
+    for (int s = 0; s < KS; ++s) b[s] = to_native(next.words[s], k_fnuz);
+    const float key_scale = next.scale;
+    const int key_present = next.present ? 1 : 0;
     if (base + step < hi) fetch_key<KS>(keys, base + step + krow < hi ? base + step + krow : hi - 1, part, next);
     float acc[HT][4];
 #pragma unroll
@@ -214,15 +243,13 @@ DSV4_DEVICE void row_logits(const uint8_t* q, int64_t head_stride, const float* 
       p0 += lane_xor(p0, mask);
       p1 += lane_xor(p1, mask);
     }
-    if (krow == 0) {
+    // Key 2p + e of the sub-tile was fetched by the lanes of group 2p + e.
 #pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const int64_t j = base + 2 * part + e;
-        if (j < hi) {
-          const float sum = e == 0 ? p0 : p1;
-          out[j] = keys.bytes(j) != nullptr ? sum * (keys.key_scale(j) * factor) : minus_inf();
-        }
-      }
+    for (int e = 0; e < 2; ++e) {
+      const float scale = lane_value(key_scale, (2 * part + e) * 4);
+      const int present = lane_value(key_present, (2 * part + e) * 4);
+      const int64_t j = base + 2 * part + e;
+      if (krow == 0 && j < hi) out[j] = present ? (e == 0 ? p0 : p1) * (scale * factor) : minus_inf();
     }
   }
 #elif defined(DSV4_INDEXER_MFMA)
@@ -242,12 +269,14 @@ DSV4_DEVICE void row_logits(const uint8_t* q, int64_t head_stride, const float* 
   }
   const int64_t step = static_cast<int64_t>(sub_step) * kSub;
   int64_t base = lo + static_cast<int64_t>(sub_first) * kSub;
-  uint64_t next[KS];  // the next sub-tile's key bytes, loaded one iteration ahead
+  KeyFetch<KS> next;  // the lane's key of the next sub-tile, loaded one iteration ahead
   if (base < hi) fetch_key<KS>(keys, base + krow < hi ? base + krow : hi - 1, part, next);
   for (; base < hi; base += step) {
     uint64_t b[KS];
 #pragma unroll
-    for (int s = 0; s < KS; ++s) b[s] = to_native(next[s], k_fnuz);
+    for (int s = 0; s < KS; ++s) b[s] = to_native(next.words[s], k_fnuz);
+    const float key_scale = next.scale;
+    const int key_present = next.present ? 1 : 0;
     if (base + step < hi) fetch_key<KS>(keys, base + step + krow < hi ? base + step + krow : hi - 1, part, next);
     floatx4 acc[HT];
 #pragma unroll
@@ -270,7 +299,7 @@ DSV4_DEVICE void row_logits(const uint8_t* q, int64_t head_stride, const float* 
     p += lane_xor(p, 16);
     p += lane_xor(p, 32);
     const int64_t j = base + krow;
-    if (part == 0 && j < hi) out[j] = keys.bytes(j) != nullptr ? p * (keys.key_scale(j) * factor) : minus_inf();
+    if (part == 0 && j < hi) out[j] = key_present ? p * (key_scale * factor) : minus_inf();
   }
 #else
   (void)lane, (void)q, (void)head_stride, (void)w, (void)keys, (void)lo, (void)hi, (void)sub_first, (void)sub_step;
