@@ -222,7 +222,7 @@ DSV4_DEVICE void row_logits(const uint8_t* q, int64_t head_stride, const float* 
 #pragma unroll
       for (int ht = 0; ht < HT; ++ht) {
         // a0: row krow, k 4p..4p+3; a1: row krow+8, same k; a2/a3: k 16+4p..; b0: k 4p..; b1: k 16+4p..
-        asm volatile(
+        asm(
             "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
             "{%0,%1,%2,%3};\n"
             : "+f"(acc[ht][0]), "+f"(acc[ht][1]), "+f"(acc[ht][2]), "+f"(acc[ht][3])

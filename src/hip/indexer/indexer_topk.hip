@@ -35,6 +35,17 @@ struct SelectState {
   int all;          // every candidate is chosen
 };
 
+// hist[bin] += 1 for every calling lane; on NVIDIA the lanes of a warp that hit the same bin add once
+// (the first pass sees few distinct bins: typical logits share their top exponent bits).
+DSV4_DEVICE void hist_add(uint32_t* hist, uint32_t bin) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 700
+  const unsigned peers = __match_any_sync(__activemask(), bin);
+  if ((threadIdx.x & 31u) == static_cast<unsigned>(__ffs(peers) - 1)) atomicAdd(&hist[bin], static_cast<uint32_t>(__popc(peers)));
+#else
+  atomicAdd(&hist[bin], 1u);
+#endif
+}
+
 // Inclusive prefix sums of hist (ascending) into scan; needs kBins <= blockDim.x.
 DSV4_DEVICE void scan_bins(const uint32_t* hist, uint32_t* scan) {
   const int t = static_cast<int>(threadIdx.x);
@@ -82,7 +93,7 @@ __global__ void __launch_bounds__(kTopkThreads) topk_per_row_kernel(TopkPerRowAr
       const float v = x[j];
       if (!is_candidate(v)) continue;
       const uint32_t key = order_key(v);
-      if ((key & mask) == prefix) atomicAdd(&hist[(key >> shift) & 0xffu], 1u);
+      if ((key & mask) == prefix) hist_add(hist, (key >> shift) & 0xffu);
     }
     __syncthreads();
     scan_bins(hist, scan);
@@ -126,7 +137,7 @@ __global__ void __launch_bounds__(kTopkThreads) topk_per_row_kernel(TopkPerRowAr
         const float v = x[j];
         if (!is_candidate(v) || order_key(v) != threshold) continue;
         const uint32_t column = static_cast<uint32_t>(j);
-        if ((column & mask) == prefix) atomicAdd(&hist[(column >> shift) & 0xffu], 1u);
+        if ((column & mask) == prefix) hist_add(hist, (column >> shift) & 0xffu);
       }
       __syncthreads();
       scan_bins(hist, scan);
