@@ -17,8 +17,10 @@
 // contiguous slice of the row (lane part p holds bytes [p * D/4, (p+1) * D/4) of its head row and of its
 // key row) rather than the ISA's k order: A and B use the same permutation of d.
 //
-// Encodings (spec §2, §3.5). Byte 0x80 is scrubbed to 0x00 in both operands (it reads as +0 in either
-// encoding). The instruction's native encoding is OCP on NVIDIA and gfx950, FNUZ on gfx942. An operand
+// Encodings (spec §2, §3.5). Byte 0x80 reads as +0 in either encoding: on gfx942 (whose FNUZ unit
+// reads it as NaN) it is scrubbed to 0x00 in both operands; an OCP unit (NVIDIA, gfx950) reads it as -0,
+// which adds nothing to a dot product, so it passes as is. The instruction's native encoding is OCP on
+// NVIDIA and gfx950, FNUZ on gfx942. An operand
 // in the other encoding is passed as raw bytes, which scales its value by a power of two (FNUZ value =
 // OCP value / 2 byte for byte): the result is compensated exactly by 0.5 (FNUZ operand on an OCP unit)
 // or 2 (OCP operand on gfx942) per operand. The only bytes this cannot carry are FNUZ 0x7F/0xFF
@@ -60,13 +62,14 @@ DSV4_DEVICE uint64_t zero_byte_flags(uint64_t t) {
 // Eight FP8 codes of an operand in `fnuz` (else OCP) encoding, as the matrix unit reads them (file comment).
 DSV4_DEVICE uint64_t to_native(uint64_t x, bool fnuz) {
   constexpr uint64_t kSign = 0x8080808080808080ull;
-  x &= ~zero_byte_flags(x ^ kSign);  // 0x80 -> 0x00
-#if !defined(__gfx942__)
-  if (fnuz) x -= zero_byte_flags(~(x | kSign)) >> 7;  // 0x7F/0xFF (FNUZ +-240) -> 0x7E/0xFE (+-224)
-#else
+#if defined(__gfx942__)
   (void)fnuz;
+  return x & ~zero_byte_flags(x ^ kSign);  // 0x80 (the FNUZ unit's NaN) -> 0x00, in either encoding
+#else
+  // An OCP unit reads 0x80 as -0, which adds nothing: no scrub. FNUZ 0x7F/0xFF (+-240) would read as NaN:
+  // they become 0x7E/0xFE (+-224).
+  return fnuz ? x - (zero_byte_flags(~(x | kSign)) >> 7) : x;
 #endif
-  return x;
 }
 
 // The exact factor that turns the unit's reading of an operand's raw bytes into the operand's value.
