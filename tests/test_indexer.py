@@ -492,14 +492,16 @@ def test_gpu_topk_on_a_strided_logits_view_and_wide_k():
     lens = torch.tensor([2000, 1500, 0, 7], dtype=torch.int32)
     want = torch.empty(4, 600, dtype=torch.int32)
     torch.ops.dsv4.topk_per_row_decode(view, lens, 600, False, out=want)
+    view_gpu = logits.cuda()[:, 100:2100]  # the same row stride on the GPU
+    assert view_gpu.stride(0) == 3000
     got = torch.empty(4, 600, dtype=torch.int32, device="cuda")
-    torch.ops.dsv4.topk_per_row_decode(view.cuda(), lens.cuda(), 600, False, out=got)
+    torch.ops.dsv4.topk_per_row_decode(view_gpu, lens.cuda(), 600, False, out=got)
     assert torch.equal(got.cpu(), want)
     with pytest.raises(RuntimeError, match="k <= 4096"):
-        torch.ops.dsv4.topk_per_row_decode(view.cuda(), lens.cuda(), 5000, False,
+        torch.ops.dsv4.topk_per_row_decode(view_gpu, lens.cuda(), 5000, False,
                                            out=torch.empty(4, 5000, dtype=torch.int32, device="cuda"))
     # the wrapper serves such a k with the reference
-    out = dsv4ops.topk_per_row_decode(view.cuda(), lens.cuda(), 5000)
+    out = dsv4ops.topk_per_row_decode(view_gpu, lens.cuda(), 5000)
     assert out.shape == (4, 5000)
 
 
