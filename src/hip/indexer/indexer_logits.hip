@@ -320,11 +320,14 @@ struct RowPlace {
   int lane_in_row;    // thread index among the row's threads
 };
 
-DSV4_DEVICE RowPlace row_place() {
+// reversed: the last rows first (in causal prefill they have the longest windows: the short ones then
+// fill the tail of the grid).
+DSV4_DEVICE RowPlace row_place(bool reversed) {
   const int warp = static_cast<int>(threadIdx.x) / kWarpSize;
   const int warps_per_row = (kThreads / kWarpSize) / kRowsPerBlock;
+  const int64_t block = reversed ? static_cast<int64_t>(gridDim.x) - 1 - blockIdx.x : blockIdx.x;
   RowPlace p;
-  p.row = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + warp / warps_per_row;
+  p.row = block * kRowsPerBlock + warp / warps_per_row;
   p.sub = warp % warps_per_row;
   p.warps_per_row = warps_per_row;
   p.lane_in_row = p.sub * kWarpSize + static_cast<int>(threadIdx.x) % kWarpSize;
@@ -340,7 +343,7 @@ DSV4_DEVICE void fill_outside(float* out, int64_t c0, int64_t c1, int64_t start,
 
 template <int HT, int KS>
 __global__ void __launch_bounds__(kThreads, kMinBlocks) mqa_logits_mma_kernel(MqaLogitsArgs args, int64_t chunk) {
-  const RowPlace p = row_place();
+  const RowPlace p = row_place(/*reversed=*/true);
   if (p.row >= args.m) return;
   const int64_t c0 = static_cast<int64_t>(blockIdx.y) * chunk;
   const int64_t c1 = c0 + chunk < args.n ? c0 + chunk : args.n;
@@ -359,7 +362,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) mqa_logits_mma_kernel(Mq
 
 template <int HT, int KS>
 __global__ void __launch_bounds__(kThreads, kMinBlocks) paged_mqa_logits_mma_kernel(PagedMqaLogitsArgs args, int64_t chunk) {
-  const RowPlace p = row_place();
+  const RowPlace p = row_place(/*reversed=*/false);
   const int64_t rows = args.batch * args.next_n;
   if (p.row >= rows) return;
   const int64_t c0 = static_cast<int64_t>(blockIdx.y) * chunk;
