@@ -69,3 +69,12 @@ add_test(NAME device_sm_90a_wo_a_bmm_fp8_mma
          COMMAND ${_checker} expect-instruction mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32
                  ${_check_dir}/bmm_a8w8_mxscale.sm_90a.ptx)
 # ---- end wo_a ----
+# ---- indexer (src/hip/indexer): the logits kernels use the matrix units on every target ----
+foreach(_arch gfx942 gfx950)
+  add_test(NAME device_${_arch}_indexer_fp8_mfma
+           COMMAND ${_checker} expect-instruction v_mfma_f32_16x16x32_fp8_fp8 ${_check_dir}/indexer_logits.${_arch}.s)
+endforeach()
+add_test(NAME device_sm_90a_indexer_fp8_mma
+         COMMAND ${_checker} expect-instruction mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32
+                 ${_check_dir}/indexer_logits.sm_90a.ptx)
+# ---- end indexer ----

@@ -45,6 +45,18 @@ def fp8_paged_mqa_logits(q: torch.Tensor, kv_cache: torch.Tensor, weights: torch
                                           clean_logits, fmt.torch_dtype)
 
 
+# Largest k the GPU top-k kernel serves (its sort buffer is in shared memory); larger k use the reference.
+GPU_TOPK_MAX_K = 4096
+
+
+def _topk_supported(logits: torch.Tensor, k: int):
+    def check():
+        if logits.device.type != "cpu" and int(k) > GPU_TOPK_MAX_K:
+            return f"k = {int(k)} > {GPU_TOPK_MAX_K}, the largest the GPU top-k serves"
+        return None
+    return check
+
+
 def topk_per_row_prefill(logits: torch.Tensor, ks: torch.Tensor, ke: torch.Tensor, k: int,
                          out: Optional[torch.Tensor] = None, stable: bool = False) -> torch.Tensor:
     """Per row, the k best columns of [ks, ke) as indices local to ks (int32 [M, k], -1 padded; ks and ke are
@@ -53,7 +65,7 @@ def topk_per_row_prefill(logits: torch.Tensor, ks: torch.Tensor, ke: torch.Tenso
     so that ranks computing the same logits agree."""
     if out is None:
         out = torch.empty(logits.shape[0], int(k), dtype=torch.int32, device=logits.device)
-    if dispatch.choose("topk_per_row_prefill", logits.device).uses_kernel:
+    if dispatch.choose("topk_per_row_prefill", logits.device, _topk_supported(logits, k)).uses_kernel:
         torch.ops.dsv4.topk_per_row_prefill(logits, ks, ke, int(k), bool(stable), out=out)
     else:
         out.copy_(reference.topk_per_row_prefill(logits, ks, ke, int(k), stable))
@@ -66,7 +78,7 @@ def topk_per_row_decode(logits: torch.Tensor, lens: torch.Tensor, k: int, out: O
     rows included)."""
     if out is None:
         out = torch.empty(logits.shape[0], int(k), dtype=torch.int32, device=logits.device)
-    if dispatch.choose("topk_per_row_decode", logits.device).uses_kernel:
+    if dispatch.choose("topk_per_row_decode", logits.device, _topk_supported(logits, k)).uses_kernel:
         torch.ops.dsv4.topk_per_row_decode(logits, lens, int(k), bool(stable), out=out)
     else:
         out.copy_(reference.topk_per_row_decode(logits, lens, int(k), stable))

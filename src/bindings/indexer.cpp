@@ -1,7 +1,10 @@
-// Bindings of the lightning-indexer ops (schemas in schemas.cpp; spec/indexer.md). CPU kernels only for
-// now: on a GPU the Python layer serves them with the reference (dsv4ops.dispatch sees no kernel there).
+// Bindings of the lightning-indexer ops (schemas in schemas.cpp; spec/indexer.md): the CPU kernels and,
+// in GPU builds, the kernels of src/hip/indexer (same checked entry points, the current stream).
 #include "common.h"
 #include "cpu/indexer/indexer_cpu.h"
+#if defined(DSV4OPS_WITH_GPU)
+#include "indexer/indexer_launchers.h"
+#endif
 
 namespace dsv4::bindings {
 namespace {
@@ -51,6 +54,8 @@ Tensor fp8_mqa_logits(const Tensor& q, const Tensor& k, const Tensor& k_scale, c
   check_int32_vector(ks, m, kOp, "cu_seqlen_ks");
   check_int32_vector(ke, m, kOp, "cu_seqlen_ke");
   for (const Tensor* t : {&k, &k_scale, &weights, &ks, &ke}) check_same_device(q, "q", *t, "every other tensor", kOp);
+  STD_TORCH_CHECK(q.is_cpu() || is_aligned(k_scale.data_ptr(), 4), kOp,
+                  ": k_scale must start 4-byte aligned on a GPU (it is read as fp32)");
   Tensor logits = torch::stable::new_empty(q, {m, n}, ScalarType::Float);
   MqaLogitsArgs args{static_cast<const uint8_t*>(q.data_ptr()), q.stride(0), q.stride(1), format_of(dtype_of(q)),
                      static_cast<const uint8_t*>(k.data_ptr()), k.stride(0), format_of(dtype_of(k)),
@@ -59,7 +64,8 @@ Tensor fp8_mqa_logits(const Tensor& q, const Tensor& k, const Tensor& k_scale, c
                      static_cast<float*>(logits.data_ptr()), n, m, n, heads, dim, clean_logits};
   run_on_device(
       q, m, kOp, [&](int64_t b, int64_t e) { cpu::fp8_mqa_logits(args, b, e); },
-      [&]([[maybe_unused]] void* stream) { return LaunchStatus::kInvalidArgument; }, /*cpu_grain=*/1);
+      [&]([[maybe_unused]] void* stream) { return DSV4_GPU_LAUNCH(gpu::launch_fp8_mqa_logits(args, stream)); },
+      /*cpu_grain=*/1);
   return logits;
 }
 
@@ -102,6 +108,9 @@ Tensor fp8_paged_mqa_logits(const Tensor& q, const Tensor& kv_cache, const Tenso
   for (const Tensor* t : {&kv_cache, &weights, &context_lens, &block_tables}) {
     check_same_device(q, "q", *t, "every other tensor", kOp);
   }
+  STD_TORCH_CHECK(q.is_cpu() || (is_aligned(kv_cache.data_ptr(), 4) && (kv_cache.size(0) <= 1 || kv_cache.stride(0) % 4 == 0) &&
+                                 (block_bytes / (dim + 4) * dim) % 4 == 0),
+                  kOp, ": on a GPU the kv_cache blocks and their fp32 scales must be 4-byte aligned");
   Tensor logits = torch::stable::new_empty(q, {batch * next_n, max_model_len}, ScalarType::Float);
   PagedMqaLogitsArgs args{};
   args.q = static_cast<const uint8_t*>(q.data_ptr());
@@ -127,7 +136,8 @@ Tensor fp8_paged_mqa_logits(const Tensor& q, const Tensor& kv_cache, const Tenso
   args.clean = clean_logits;
   run_on_device(
       q, batch * next_n, kOp, [&](int64_t b, int64_t e) { cpu::fp8_paged_mqa_logits(args, b, e); },
-      [&]([[maybe_unused]] void* stream) { return LaunchStatus::kInvalidArgument; }, /*cpu_grain=*/1);
+      [&]([[maybe_unused]] void* stream) { return DSV4_GPU_LAUNCH(gpu::launch_fp8_paged_mqa_logits(args, stream)); },
+      /*cpu_grain=*/1);
   return logits;
 }
 
@@ -152,9 +162,15 @@ TopkPerRowArgs checked_topk(const Tensor& logits, int64_t k, const Tensor& out, 
 }
 
 void run_topk(const TopkPerRowArgs& args, const Tensor& logits, const char* op) {
+#if defined(DSV4OPS_WITH_GPU)
+  STD_TORCH_CHECK(logits.is_cpu() || args.k <= gpu::kTopkMaxK, op, ": the GPU kernel serves k <= ", gpu::kTopkMaxK,
+                  ", got k = ", args.k);
+  STD_TORCH_CHECK(logits.is_cpu() || args.cols <= 0x7fffffff, op, ": the GPU kernel serves rows of < 2^31 columns");
+#endif
   run_on_device(
       logits, args.rows, op, [&](int64_t b, int64_t e) { cpu::topk_per_row(args, b, e); },
-      [&]([[maybe_unused]] void* stream) { return LaunchStatus::kInvalidArgument; }, /*cpu_grain=*/1);
+      [&]([[maybe_unused]] void* stream) { return DSV4_GPU_LAUNCH(gpu::launch_topk_per_row(args, stream)); },
+      /*cpu_grain=*/1);
 }
 
 void topk_per_row_prefill(const Tensor& logits, const Tensor& ks, const Tensor& ke, int64_t k, bool stable, Tensor out) {
@@ -191,3 +207,7 @@ void register_indexer_ops(torch::stable::detail::StableLibrary& m) {
 }  // namespace dsv4::bindings
 
 STABLE_TORCH_LIBRARY_IMPL(dsv4, CPU, m) { dsv4::bindings::register_indexer_ops(m); }
+
+#if defined(DSV4OPS_WITH_GPU)
+STABLE_TORCH_LIBRARY_IMPL(dsv4, CUDA, m) { dsv4::bindings::register_indexer_ops(m); }
+#endif

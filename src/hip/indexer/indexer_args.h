@@ -1,6 +1,6 @@
 // Arguments of the lightning-indexer ops (spec/indexer.md): FP8 MQA logits (prefill, contiguous K), paged
 // FP8 MQA logits (decode, block-flat cache, MTP rows) and per-row top-k. Torch-free; the bindings validate
-// every field first. (CPU implementations only so far: the GPU kernels are still to come.)
+// every field first. CPU kernels: src/cpu/indexer; GPU kernels: indexer_logits.hip, indexer_topk.hip.
 #pragma once
 
 #include "dsv4/fp8.h"

@@ -1,0 +1,525 @@
+// Lightning-indexer logits on the matrix units (spec/indexer.md §3, §4):
+//   logits[r, j] = k_scale[j] * sum_h weights[r, h] * ReLU(q[r, h, :] . k[j, :])
+// (ReLU commutes with the positive k_scale), never materialising the [rows, heads, keys] scores.
+//
+// Work split. A block of 128 threads serves 2 query rows; the warps of a row (2 on NVIDIA, 1 wavefront
+// on AMD) take interleaved sub-tiles of keys of the row's window, within the key chunk of the block
+// (grid.y splits the key range so that few rows still fill the GPU). A warp keeps the FP8 fragments of
+// all heads x dim of its query row in registers for the whole key loop; per sub-tile it loads each key
+// row (FP8 bytes, straight from global memory: 16-byte loads, every byte of a fetched row used, one
+// sub-tile ahead) as the B operand and runs one MMA per (16 heads, 32 dims) against it. The heads of the row are the MMA's M
+// dimension, D its K dimension, the keys its N dimension. The epilogue applies ReLU and the head
+// weights on the accumulator fragments, reduces over the lanes that hold the other heads, and writes one
+// logit per key.
+//   * NVIDIA sm_89+: mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32, 8 keys per sub-tile.
+//   * gfx942/gfx950: __builtin_amdgcn_mfma_f32_16x16x32_fp8_fp8, 16 keys per sub-tile.
+// Because a dot product does not depend on the order of its terms, a lane's operand bytes are a
+// contiguous slice of the row (lane part p holds bytes [p * D/4, (p+1) * D/4) of its head row and of its
+// key row) rather than the ISA's k order: A and B use the same permutation of d.
+//
+// Encodings (spec §2, §3.5). Byte 0x80 reads as +0 in either encoding: on gfx942 (whose FNUZ unit
+// reads it as NaN) it is scrubbed to 0x00 in both operands; an OCP unit (NVIDIA, gfx950) reads it as -0,
+// which adds nothing to a dot product, so it passes as is. The instruction's native encoding is OCP on
+// NVIDIA and gfx950, FNUZ on gfx942. An operand
+// in the other encoding is passed as raw bytes, which scales its value by a power of two (FNUZ value =
+// OCP value / 2 byte for byte): the result is compensated exactly by 0.5 (FNUZ operand on an OCP unit)
+// or 2 (OCP operand on gfx942) per operand. The only bytes this cannot carry are FNUZ 0x7F/0xFF
+// (+-240) on an OCP unit, where they would read as NaN: they are clamped to +-224 (the project's FNUZ
+// quant max, so no project writer emits them).
+//
+// Other shapes (heads not 16/32/64, dim not 64/128, rows not 16-byte aligned) use a scalar kernel with
+// the CPU path's exact decode and summation order.
+#include <cmath>
+
+#include "dsv4/launch.h"
+#include "indexer/indexer_launchers.h"
+
+#if DSV4_DEVICE_PASS && defined(__HIP_DEVICE_COMPILE__) && (defined(__gfx942__) || defined(__gfx950__))
+#define DSV4_INDEXER_MFMA 1
+#elif DSV4_DEVICE_PASS && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+#define DSV4_INDEXER_MMA_SYNC 1
+#endif
+
+namespace dsv4::gpu {
+namespace {
+
+constexpr int kThreads = 128;
+constexpr int kRowsPerBlock = 2;      // query rows per block; warps per row = kThreads / kWarpSize / 2
+constexpr int kMinBlocks = 3;        // resident blocks per SM the register budget must allow (12 warps on NVIDIA)
+constexpr int64_t kTargetBlocks = 1056;  // about 8 per SM on current GPUs
+constexpr int64_t kMinChunk = 256;    // keys per block at least, when the key range is split
+
+DSV4_DEVICE int64_t clamp64(int64_t v, int64_t lo, int64_t hi) { return v < lo ? lo : (v > hi ? hi : v); }
+
+DSV4_DEVICE float minus_inf() { return -__builtin_huge_valf(); }
+
+// 0x80 in each byte of t that is zero, 0x00 in the others (exact: no carries between bytes).
+DSV4_DEVICE uint64_t zero_byte_flags(uint64_t t) {
+  constexpr uint64_t kLow7 = 0x7f7f7f7f7f7f7f7full;
+  return ~(((t & kLow7) + kLow7) | t | kLow7);
+}
+
+// Eight FP8 codes of an operand in `fnuz` (else OCP) encoding, as the matrix unit reads them (file comment).
+DSV4_DEVICE uint64_t to_native(uint64_t x, bool fnuz) {
+  constexpr uint64_t kSign = 0x8080808080808080ull;
+#if defined(__gfx942__)
+  (void)fnuz;
+  return x & ~zero_byte_flags(x ^ kSign);  // 0x80 (the FNUZ unit's NaN) -> 0x00, in either encoding
+#else
+  // An OCP unit reads 0x80 as -0, which adds nothing: no scrub. FNUZ 0x7F/0xFF (+-240) would read as NaN:
+  // they become 0x7E/0xFE (+-224).
+  return fnuz ? x - (zero_byte_flags(~(x | kSign)) >> 7) : x;
+#endif
+}
+
+// The exact factor that turns the unit's reading of an operand's raw bytes into the operand's value.
+DSV4_DEVICE float native_factor(bool fnuz) {
+#if defined(__gfx942__)
+  return fnuz ? 1.0f : 2.0f;
+#else
+  return fnuz ? 0.5f : 1.0f;
+#endif
+}
+
+// KS 8-byte words from p (16-byte aligned when KS is even, else 8-byte aligned).
+template <int KS>
+DSV4_DEVICE void load_words(const uint8_t* p, uint64_t (&w)[KS]) {
+  if constexpr (KS % 2 == 0) {
+#pragma unroll
+    for (int i = 0; i < KS / 2; ++i) {
+      const uint4 v = reinterpret_cast<const uint4*>(p)[i];
+      w[2 * i] = static_cast<uint64_t>(v.x) | (static_cast<uint64_t>(v.y) << 32);
+      w[2 * i + 1] = static_cast<uint64_t>(v.z) | (static_cast<uint64_t>(v.w) << 32);
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < KS; ++i) w[i] = reinterpret_cast<const uint64_t*>(p)[i];
+  }
+}
+
+DSV4_DEVICE float lane_xor(float v, int mask) {
+#if defined(__HIP_PLATFORM_AMD__) || defined(__HIPCC__)
+  return __shfl_xor(v, mask, kWarpSize);
+#else
+  return __shfl_xor_sync(0xffffffffu, v, mask);
+#endif
+}
+
+// Keys of the prefill op: contiguous rows.
+struct ContiguousKeys {
+  const uint8_t* k;
+  int64_t row_stride;
+  const float* scale;
+  DSV4_DEVICE const uint8_t* bytes(int64_t key) const { return k + key * row_stride; }
+  DSV4_DEVICE float key_scale(int64_t key) const { return scale[key]; }
+};
+
+// Keys of the decode op: the block-flat paged cache through one request's block-table row. A key whose
+// table entry is missing or out of range has no bytes (nullptr).
+struct PagedKeys {
+  const uint8_t* cache;
+  const int32_t* table;  // the request's row
+  int64_t table_cols;
+  int64_t num_blocks;
+  int64_t block_size;
+  int64_t block_stride;
+  int64_t dim;
+  DSV4_DEVICE const uint8_t* block(int64_t key, int64_t& entry) const {
+    const IndexSplit split = divide_index(key, block_size);
+    entry = split.remainder;
+    const int64_t b = split.quotient < table_cols ? table[split.quotient] : -1;
+    return (b < 0 || b >= num_blocks) ? nullptr : cache + b * block_stride;
+  }
+  DSV4_DEVICE const uint8_t* bytes(int64_t key) const {
+    int64_t entry;
+    const uint8_t* base = block(key, entry);
+    return base != nullptr ? base + entry * dim : nullptr;
+  }
+  DSV4_DEVICE float key_scale(int64_t key) const {
+    int64_t entry;
+    const uint8_t* base = block(key, entry);
+    return *reinterpret_cast<const float*>(base + block_size * dim + entry * 4);
+  }
+};
+
+// What a lane fetches of one key, one sub-tile ahead of its use: its KS words of the key row, the key's
+// scale and whether the key's block exists (zeros and no scale where it is missing).
+template <int KS>
+struct KeyFetch {
+  uint64_t words[KS];
+  float scale;
+  bool present;
+};
+
+template <int KS, class Keys>
+DSV4_DEVICE void fetch_key(const Keys& keys, int64_t key, int part, KeyFetch<KS>& f) {
+  const uint8_t* kb = keys.bytes(key);
+  f.present = kb != nullptr;
+  if (f.present) {
+    load_words<KS>(kb + part * 8 * KS, f.words);
+    f.scale = keys.key_scale(key);
+  } else {
+#pragma unroll
+    for (int s = 0; s < KS; ++s) f.words[s] = 0;
+    f.scale = 0.0f;
+  }
+}
+
+DSV4_DEVICE float lane_value(float v, int src) {
+#if defined(__HIP_PLATFORM_AMD__) || defined(__HIPCC__)
+  return __shfl(v, src, kWarpSize);
+#else
+  return __shfl_sync(0xffffffffu, v, src);
+#endif
+}
+
+DSV4_DEVICE int lane_value(int v, int src) {
+#if defined(__HIP_PLATFORM_AMD__) || defined(__HIPCC__)
+  return __shfl(v, src, kWarpSize);
+#else
+  return __shfl_sync(0xffffffffu, v, src);
+#endif
+}
+
+// One warp: logits of one query row for the keys [lo, hi), sub-tiles sub_first, sub_first + sub_step, ...
+// q: the row's [HT * 16, KS * 32] codes at head_stride; w: its HT * 16 weights.
+template <int HT, int KS, class Keys>
+DSV4_DEVICE void row_logits(const uint8_t* q, int64_t head_stride, const float* w, const Keys& keys, int64_t lo,
+                            int64_t hi, int sub_first, int sub_step, float factor, bool q_fnuz, bool k_fnuz,
+                            float* out) {
+  const int lane = static_cast<int>(threadIdx.x) % kWarpSize;
+#if defined(DSV4_INDEXER_MMA_SYNC)
+  constexpr int kSub = 8;
+  const int part = lane & 3;   // threadID_in_group: the lane's slice of every row
+  const int krow = lane >> 2;  // groupID: A rows krow and krow + 8 of each head tile, B column (key) krow
+  uint64_t a[HT][2][KS];
+  float wt[HT][2];
+#pragma unroll
+  for (int ht = 0; ht < HT; ++ht) {
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int head = ht * 16 + krow + 8 * half;
+      load_words<KS>(q + head * head_stride + part * 8 * KS, a[ht][half]);
+#pragma unroll
+      for (int s = 0; s < KS; ++s) a[ht][half][s] = to_native(a[ht][half][s], q_fnuz);
+      wt[ht][half] = w[head];
+    }
+  }
+  const int64_t step = static_cast<int64_t>(sub_step) * kSub;
+  int64_t base = lo + static_cast<int64_t>(sub_first) * kSub;
+  KeyFetch<KS> next;  // the lane's key of the next sub-tile, loaded one iteration ahead
+  if (base < hi) fetch_key<KS>(keys, base + krow < hi ? base + krow : hi - 1, part, next);
+  for (; base < hi; base += step) {
+    uint64_t b[KS];
+#pragma unroll
+    for (int s = 0; s < KS; ++s) b[s] = to_native(next.words[s], k_fnuz);
+    const float key_scale = next.scale;
+    const int key_present = next.present ? 1 : 0;
+    if (base + step < hi) fetch_key<KS>(keys, base + step + krow < hi ? base + step + krow : hi - 1, part, next);
+    float acc[HT][4];
+#pragma unroll
+    for (int ht = 0; ht < HT; ++ht) acc[ht][0] = acc[ht][1] = acc[ht][2] = acc[ht][3] = 0.0f;
+#pragma unroll
+    for (int s = 0; s < KS; ++s) {
+      const uint32_t b0 = static_cast<uint32_t>(b[s]), b1 = static_cast<uint32_t>(b[s] >> 32);
+#pragma unroll
+      for (int ht = 0; ht < HT; ++ht) {
+        // a0: row krow, k 4p..4p+3; a1: row krow+8, same k; a2/a3: k 16+4p..; b0: k 4p..; b1: k 16+4p..
+        asm(
+            "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+            "{%0,%1,%2,%3};\n"
+            : "+f"(acc[ht][0]), "+f"(acc[ht][1]), "+f"(acc[ht][2]), "+f"(acc[ht][3])
+            : "r"(static_cast<uint32_t>(a[ht][0][s])), "r"(static_cast<uint32_t>(a[ht][1][s])),
+              "r"(static_cast<uint32_t>(a[ht][0][s] >> 32)), "r"(static_cast<uint32_t>(a[ht][1][s] >> 32)),
+              "r"(b0), "r"(b1));
+      }
+    }
+    // c0, c1: head krow, keys 2p, 2p+1; c2, c3: head krow + 8, same keys.
+    float p0 = 0.0f, p1 = 0.0f;
+#pragma unroll
+    for (int ht = 0; ht < HT; ++ht) {
+      p0 += wt[ht][0] * fmaxf(acc[ht][0], 0.0f) + wt[ht][1] * fmaxf(acc[ht][2], 0.0f);
+      p1 += wt[ht][0] * fmaxf(acc[ht][1], 0.0f) + wt[ht][1] * fmaxf(acc[ht][3], 0.0f);
+    }
+#pragma unroll
+    for (int mask = 4; mask < 32; mask <<= 1) {
+      p0 += lane_xor(p0, mask);
+      p1 += lane_xor(p1, mask);
+    }
+    // Key 2p + e of the sub-tile was fetched by the lanes of group 2p + e.
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const float scale = lane_value(key_scale, (2 * part + e) * 4);
+      const int present = lane_value(key_present, (2 * part + e) * 4);
+      const int64_t j = base + 2 * part + e;
+      if (krow == 0 && j < hi) out[j] = present ? (e == 0 ? p0 : p1) * (scale * factor) : minus_inf();
+    }
+  }
+#elif defined(DSV4_INDEXER_MFMA)
+  typedef float floatx4 __attribute__((ext_vector_type(4)));
+  constexpr int kSub = 16;
+  const int part = lane >> 4;  // the lane's slice of every row (k group)
+  const int krow = lane & 15;  // A row (head) and B column (key) of the lane
+  uint64_t a[HT][KS];
+  float wt[HT][4];
+#pragma unroll
+  for (int ht = 0; ht < HT; ++ht) {
+    load_words<KS>(q + (ht * 16 + krow) * head_stride + part * 8 * KS, a[ht]);
+#pragma unroll
+    for (int s = 0; s < KS; ++s) a[ht][s] = to_native(a[ht][s], q_fnuz);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) wt[ht][i] = w[ht * 16 + 4 * part + i];  // D rows 4p..4p+3 of the lane
+  }
+  const int64_t step = static_cast<int64_t>(sub_step) * kSub;
+  int64_t base = lo + static_cast<int64_t>(sub_first) * kSub;
+  KeyFetch<KS> next;  // the lane's key of the next sub-tile, loaded one iteration ahead
+  if (base < hi) fetch_key<KS>(keys, base + krow < hi ? base + krow : hi - 1, part, next);
+  for (; base < hi; base += step) {
+    uint64_t b[KS];
+#pragma unroll
+    for (int s = 0; s < KS; ++s) b[s] = to_native(next.words[s], k_fnuz);
+    const float key_scale = next.scale;
+    const int key_present = next.present ? 1 : 0;
+    if (base + step < hi) fetch_key<KS>(keys, base + step + krow < hi ? base + step + krow : hi - 1, part, next);
+    floatx4 acc[HT];
+#pragma unroll
+    for (int ht = 0; ht < HT; ++ht) acc[ht] = floatx4{0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+    for (int s = 0; s < KS; ++s) {
+#pragma unroll
+      for (int ht = 0; ht < HT; ++ht) {
+        acc[ht] = __builtin_amdgcn_mfma_f32_16x16x32_fp8_fp8(static_cast<long>(a[ht][s]), static_cast<long>(b[s]),
+                                                             acc[ht], 0, 0, 0);
+      }
+    }
+    // acc[ht][i]: head ht * 16 + 4 * part + i, key krow.
+    float p = 0.0f;
+#pragma unroll
+    for (int ht = 0; ht < HT; ++ht) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) p += wt[ht][i] * fmaxf(acc[ht][i], 0.0f);
+    }
+    p += lane_xor(p, 16);
+    p += lane_xor(p, 32);
+    const int64_t j = base + krow;
+    if (part == 0 && j < hi) out[j] = key_present ? p * (key_scale * factor) : minus_inf();
+  }
+#else
+  (void)lane, (void)q, (void)head_stride, (void)w, (void)keys, (void)lo, (void)hi, (void)sub_first, (void)sub_step;
+  (void)factor, (void)q_fnuz, (void)k_fnuz, (void)out;
+#if DSV4_DEVICE_PASS
+  __builtin_trap();  // never launched: the host picks the scalar kernel where no matrix unit path exists
+#endif
+#endif
+}
+
+struct RowPlace {
+  int64_t row;
+  int sub;            // this warp's index among the row's warps
+  int warps_per_row;
+  int lane_in_row;    // thread index among the row's threads
+};
+
+// reversed: the last rows first (in causal prefill they have the longest windows: the short ones then
+// fill the tail of the grid).
+DSV4_DEVICE RowPlace row_place(bool reversed) {
+  const int warp = static_cast<int>(threadIdx.x) / kWarpSize;
+  const int warps_per_row = (kThreads / kWarpSize) / kRowsPerBlock;
+  const int64_t block = reversed ? static_cast<int64_t>(gridDim.x) - 1 - blockIdx.x : blockIdx.x;
+  RowPlace p;
+  p.row = block * kRowsPerBlock + warp / warps_per_row;
+  p.sub = warp % warps_per_row;
+  p.warps_per_row = warps_per_row;
+  p.lane_in_row = p.sub * kWarpSize + static_cast<int>(threadIdx.x) % kWarpSize;
+  return p;
+}
+
+// -inf at the columns of [c0, c1) outside [start, stop), by the row's threads.
+DSV4_DEVICE void fill_outside(float* out, int64_t c0, int64_t c1, int64_t start, int64_t stop, const RowPlace& p) {
+  for (int64_t j = c0 + p.lane_in_row; j < c1; j += static_cast<int64_t>(p.warps_per_row) * kWarpSize) {
+    if (j < start || j >= stop) out[j] = minus_inf();
+  }
+}
+
+template <int HT, int KS>
+__global__ void __launch_bounds__(kThreads, kMinBlocks) mqa_logits_mma_kernel(MqaLogitsArgs args, int64_t chunk) {
+  const RowPlace p = row_place(/*reversed=*/true);
+  if (p.row >= args.m) return;
+  const int64_t c0 = static_cast<int64_t>(blockIdx.y) * chunk;
+  const int64_t c1 = c0 + chunk < args.n ? c0 + chunk : args.n;
+  const int64_t start = clamp64(args.ks[p.row], 0, args.n);
+  const int64_t stop = clamp64(args.ke[p.row], start, args.n);
+  float* out = args.logits + p.row * args.logits_row_stride;
+  if (args.clean) fill_outside(out, c0, c1, start, stop, p);
+  const int64_t lo = start > c0 ? start : c0;
+  const int64_t hi = stop < c1 ? stop : c1;
+  if (lo >= hi) return;
+  const bool q_fnuz = args.q_format == Fp8Format::kFNUZ, k_fnuz = args.k_format == Fp8Format::kFNUZ;
+  row_logits<HT, KS>(args.q + p.row * args.q_row_stride, args.q_head_stride, args.weights + p.row * args.heads,
+                     ContiguousKeys{args.k, args.k_row_stride, args.k_scale}, lo, hi, p.sub, p.warps_per_row,
+                     native_factor(q_fnuz) * native_factor(k_fnuz), q_fnuz, k_fnuz, out);
+}
+
+template <int HT, int KS>
+__global__ void __launch_bounds__(kThreads, kMinBlocks) paged_mqa_logits_mma_kernel(PagedMqaLogitsArgs args, int64_t chunk) {
+  const RowPlace p = row_place(/*reversed=*/false);
+  const int64_t rows = args.batch * args.next_n;
+  if (p.row >= rows) return;
+  const int64_t c0 = static_cast<int64_t>(blockIdx.y) * chunk;
+  const int64_t c1 = c0 + chunk < args.max_model_len ? c0 + chunk : args.max_model_len;
+  const int64_t length = args.row_length(p.row);
+  float* out = args.logits + p.row * args.logits_row_stride;
+  if (args.clean) fill_outside(out, c0, c1, 0, length, p);
+  const int64_t hi = length < c1 ? length : c1;
+  if (c0 >= hi) return;
+  const int64_t b = p.row / args.next_n;
+  const bool q_fnuz = args.q_format == Fp8Format::kFNUZ, k_fnuz = args.kv_format == Fp8Format::kFNUZ;
+  const PagedKeys keys{args.cache,      args.block_tables + b * args.table_row_stride,
+                       args.table_cols, args.num_blocks,
+                       args.block_size, args.block_stride,
+                       args.dim};
+  row_logits<HT, KS>(args.q + p.row * args.heads * args.dim, args.dim, args.weights + p.row * args.heads, keys, c0,
+                     hi, p.sub, p.warps_per_row, native_factor(q_fnuz) * native_factor(k_fnuz), q_fnuz, k_fnuz,
+                     out);
+}
+
+DSV4_DEVICE float indexer_value(uint8_t code, Fp8Format format) {
+  return format == Fp8Format::kFNUZ ? indexer_fp8_value<Fp8Format::kFNUZ>(code)
+                                    : indexer_fp8_value<Fp8Format::kOCP>(code);
+}
+
+// sum_h w[h] * ReLU(scale * (q_h . k)) in the CPU path's order.
+DSV4_DEVICE float scalar_logit(const uint8_t* q, int64_t head_stride, Fp8Format q_format, const uint8_t* k,
+                               Fp8Format k_format, const float* w, float scale, int64_t heads, int64_t dim) {
+  float logit = 0.0f;
+  for (int64_t h = 0; h < heads; ++h) {
+    float dot = 0.0f;
+    for (int64_t d = 0; d < dim; ++d) dot += indexer_value(q[h * head_stride + d], q_format) * indexer_value(k[d], k_format);
+    const float s = dot * scale;
+    logit += w[h] * (s > 0.0f ? s : 0.0f);
+  }
+  return logit;
+}
+
+__global__ void __launch_bounds__(kElementwiseThreads) mqa_logits_scalar_kernel(MqaLogitsArgs args) {
+  const int64_t total = args.m * args.n;
+  for (int64_t e = global_thread_index(); e < total; e += global_thread_count()) {
+    const IndexSplit rc = divide_index(e, args.n);
+    const int64_t i = rc.quotient, j = rc.remainder;
+    const int64_t start = clamp64(args.ks[i], 0, args.n);
+    const int64_t stop = clamp64(args.ke[i], start, args.n);
+    float* out = args.logits + i * args.logits_row_stride + j;
+    if (j < start || j >= stop) {
+      if (args.clean) *out = minus_inf();
+      continue;
+    }
+    *out = scalar_logit(args.q + i * args.q_row_stride, args.q_head_stride, args.q_format, args.k + j * args.k_row_stride,
+                        args.k_format, args.weights + i * args.heads, args.k_scale[j], args.heads, args.dim);
+  }
+}
+
+__global__ void __launch_bounds__(kElementwiseThreads) paged_mqa_logits_scalar_kernel(PagedMqaLogitsArgs args) {
+  const int64_t total = args.batch * args.next_n * args.max_model_len;
+  for (int64_t e = global_thread_index(); e < total; e += global_thread_count()) {
+    const IndexSplit rc = divide_index(e, args.max_model_len);
+    const int64_t r = rc.quotient, t = rc.remainder;
+    float* out = args.logits + r * args.logits_row_stride + t;
+    if (t >= args.row_length(r)) {
+      if (args.clean) *out = minus_inf();
+      continue;
+    }
+    const PagedKeys keys{args.cache,      args.block_tables + (r / args.next_n) * args.table_row_stride,
+                         args.table_cols, args.num_blocks,
+                         args.block_size, args.block_stride,
+                         args.dim};
+    const uint8_t* k = keys.bytes(t);
+    *out = k == nullptr ? minus_inf()
+                        : scalar_logit(args.q + r * args.heads * args.dim, args.dim, args.q_format, k, args.kv_format,
+                                       args.weights + r * args.heads, keys.key_scale(t), args.heads, args.dim);
+  }
+}
+
+bool mma_shape(int64_t heads, int64_t dim) {
+  return (heads == 16 || heads == 32 || heads == 64) && (dim == 64 || dim == 128);
+}
+
+// Keys per block: the key range is split until about kTargetBlocks blocks run.
+int64_t key_chunk(int64_t rows, int64_t width) {
+  const int64_t row_blocks = (rows + kRowsPerBlock - 1) / kRowsPerBlock;
+  int64_t splits = (kTargetBlocks + row_blocks - 1) / row_blocks;
+  const int64_t max_splits = (width + kMinChunk - 1) / kMinChunk;
+  splits = splits < max_splits ? splits : max_splits;
+  splits = splits < 1 ? 1 : splits;
+  int64_t chunk = (width + splits - 1) / splits;
+  chunk = (chunk + 63) / 64 * 64;
+  const int64_t min_chunk = (width + 65534) / 65535;  // grid.y limit
+  return chunk < min_chunk ? min_chunk : chunk;
+}
+
+template <template <int, int> class Launch, class Args>
+LaunchStatus launch_mma(const Args& args, int64_t rows, int64_t width, void* stream) {
+  const int64_t chunk = key_chunk(rows, width);
+  const dim3 grid(static_cast<unsigned>((rows + kRowsPerBlock - 1) / kRowsPerBlock),
+                  static_cast<unsigned>((width + chunk - 1) / chunk));
+  const int ht = static_cast<int>(args.heads / 16);
+  const bool d128 = args.dim == 128;
+  switch (ht) {
+    case 1: d128 ? Launch<1, 4>::run(grid, args, chunk, stream) : Launch<1, 2>::run(grid, args, chunk, stream); break;
+    case 2: d128 ? Launch<2, 4>::run(grid, args, chunk, stream) : Launch<2, 2>::run(grid, args, chunk, stream); break;
+    case 4: d128 ? Launch<4, 4>::run(grid, args, chunk, stream) : Launch<4, 2>::run(grid, args, chunk, stream); break;
+    default: return LaunchStatus::kInvalidArgument;
+  }
+  return last_launch_status();
+}
+
+template <int HT, int KS>
+struct LaunchMqa {
+  static void run(dim3 grid, const MqaLogitsArgs& args, int64_t chunk, void* stream) {
+    hipLaunchKernelGGL((mqa_logits_mma_kernel<HT, KS>), grid, dim3(kThreads), 0, static_cast<hipStream_t>(stream),
+                       args, chunk);
+  }
+};
+
+template <int HT, int KS>
+struct LaunchPaged {
+  static void run(dim3 grid, const PagedMqaLogitsArgs& args, int64_t chunk, void* stream) {
+    hipLaunchKernelGGL((paged_mqa_logits_mma_kernel<HT, KS>), grid, dim3(kThreads), 0,
+                       static_cast<hipStream_t>(stream), args, chunk);
+  }
+};
+
+}  // namespace
+
+bool mqa_logits_uses_mma(const MqaLogitsArgs& args) {
+  return mma_shape(args.heads, args.dim) && is_aligned(args.q, 16) && args.q_row_stride % 16 == 0 &&
+         args.q_head_stride % 16 == 0 && is_aligned(args.k, 16) && args.k_row_stride % 16 == 0;
+}
+
+bool paged_mqa_logits_uses_mma(const PagedMqaLogitsArgs& args) {
+  return mma_shape(args.heads, args.dim) && is_aligned(args.q, 16) && is_aligned(args.cache, 16) &&
+         args.block_stride % 16 == 0;
+}
+
+LaunchStatus launch_fp8_mqa_logits(const MqaLogitsArgs& args, void* stream) {
+  if (args.m < 0 || args.n < 0 || args.heads < 1 || args.dim < 1) return LaunchStatus::kInvalidArgument;
+  if (args.m == 0 || args.n == 0) return LaunchStatus::kOk;
+  if (mqa_logits_uses_mma(args)) return launch_mma<LaunchMqa>(args, args.m, args.n, stream);
+  hipLaunchKernelGGL(mqa_logits_scalar_kernel, dim3(elementwise_blocks(args.m * args.n)), dim3(kElementwiseThreads), 0,
+                     static_cast<hipStream_t>(stream), args);
+  return last_launch_status();
+}
+
+LaunchStatus launch_fp8_paged_mqa_logits(const PagedMqaLogitsArgs& args, void* stream) {
+  if (args.batch < 0 || args.next_n < 1 || args.max_model_len < 0 || args.heads < 1 || args.dim < 1 ||
+      args.block_size < 1) {
+    return LaunchStatus::kInvalidArgument;
+  }
+  const int64_t rows = args.batch * args.next_n;
+  if (rows == 0 || args.max_model_len == 0) return LaunchStatus::kOk;
+  if (paged_mqa_logits_uses_mma(args)) return launch_mma<LaunchPaged>(args, rows, args.max_model_len, stream);
+  hipLaunchKernelGGL(paged_mqa_logits_scalar_kernel, dim3(elementwise_blocks(rows * args.max_model_len)),
+                     dim3(kElementwiseThreads), 0, static_cast<hipStream_t>(stream), args);
+  return last_launch_status();
+}
+
+}  // namespace dsv4::gpu
