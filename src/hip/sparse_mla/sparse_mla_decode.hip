@@ -1,0 +1,555 @@
+// dsv4::sparse_mla_decode on the GPU (spec/sparse_mla_decode.md §3-§4): split-K flash decoding over the
+// fp8_ds_mla SWA ("main") and compressed ("extra") caches.
+//
+// Partial kernel: one block of 256 threads per (query row t, group of 16 heads, split s). Split s walks
+// positions [n*s/S, n*(s+1)/S) of the row's key list (its main indices, then its extra indices; n = both
+// counts). Per tile of 32 positions:
+//   1. 32 threads look up the slots; negative or out-of-cache slots are marked invalid and never read;
+//      record addresses in int64 (ds_mla::record_address).
+//   2. 32 threads per key decode the record into a bf16 [32, 512] shared tile: NoPE bytes through a
+//      256-entry table of the cache's own encoding times the block's UE8M0 scale, the RoPE tail copied,
+//      every non-finite value replaced by 0 (the CPU kernel's values exactly).
+//   3. S = Q K^T on the matrix units: heads are the M dimension (16, heads >= H masked to zero rows).
+//      Each warp computes a 16x16 tile of S over its share of the 512 dims; the shares are summed in
+//      shared memory.
+//   4. Online softmax per head in fp32 (m, l); P rounded once to bf16 (l sums the rounded values).
+//   5. acc = acc * alpha + P V with V = K (all 512 dims), each warp owning 512 / warps output dims.
+// At the end the split's (m, l, acc[512]) go to the fp32 workspace (an empty split: m = -FLT_MAX, l = 0).
+// Reduce kernel: one block per (t, head): folds the splits in index order, adds the sink to the
+// denominator only, optionally rotates dims 448..511 back (inverse GPT-J RoPE), writes bf16.
+//
+// Matrix instructions: NVIDIA mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 (two per 16x16x16
+// step); gfx942/gfx950 (and gfx90a) __builtin_amdgcn_mfma_f32_16x16x16bf16_1k.
+#include <cfloat>
+
+#include "dsv4/bf16.h"
+#include "dsv4/ds_mla.h"
+#include "dsv4/launch.h"
+#include "dsv4/rope.h"
+#include "dsv4/ue8m0.h"
+#include "sparse_mla/sparse_mla_launchers.h"
+
+#if defined(__HIP_PLATFORM_AMD__) || defined(__AMDGCN__)
+#define DSV4_SPARSE_MLA_MFMA_LAYOUT 1  // wave64, 16x16x16 MFMA fragments
+#else
+#define DSV4_SPARSE_MLA_MFMA_LAYOUT 0  // warp32, m16n8k16 mma.sync fragments
+#endif
+
+namespace dsv4::gpu {
+namespace {
+
+constexpr int kDim = ds_mla::kHeadDim;  // 512
+constexpr int kThreads = 256;
+constexpr int kHeadsPerBlock = 16;  // the MMA M dimension
+constexpr int kTileKeys = 32;
+constexpr int kKeyStride = kDim + 8;      // bf16 per shared key row: 1040 bytes, rows 4 banks apart
+constexpr int kProbStride = kTileKeys + 8;  // bf16 per shared P row
+constexpr int kThreadsPerKey = 32;
+constexpr int kKeysPerPass = kThreads / kThreadsPerKey;  // 8
+constexpr int kPasses = kTileKeys / kKeysPerPass;        // 4
+constexpr int kPieceDims = 8;
+constexpr int kHalfDims = kDim / 2;                                       // 256
+constexpr int kFirstRopeLane = (ds_mla::kNopeDim - kHalfDims) / kPieceDims;  // 24
+constexpr int kThreadsPerRow = kThreads / kHeadsPerBlock;                 // 16 (softmax)
+constexpr int kColsPerThread = kTileKeys / kThreadsPerRow;                // 2
+constexpr int kReduceThreads = kDim / 4;                                  // 128, 4 dims each
+constexpr int kMaxAutoSplits = 32;
+constexpr int kKeysPerSplitMin = 64;
+
+static_assert(kTileKeys == 32 && kKeysPerPass * kPasses == kTileKeys, "tile shape");
+
+#if DSV4_GPU_COMPILER
+
+// ---- 16x16x16 bf16 MMA step on one warp: C[16x16] += A[16x16] B[16x16] -------------------------------
+// A is row-major (rows = heads, k contiguous). B element (k, n) comes from shared memory either
+// "n-major" (base[n * ld + k], the key tile read as K^T) or "k-major" (base[k * ld + n], the key tile
+// read as V).
+#if DSV4_SPARSE_MLA_MFMA_LAYOUT
+// gfx9 MFMA 16x16x16 bf16, wave64: lane l holds A[l % 16][4 (l / 16) + j] and B[4 (l / 16) + j][l % 16]
+// (j = 0..3, element j in bits 16j..16j+15 of the 64-bit operand), and D[4 (l / 16) + r][l % 16] in
+// accumulator r (0..3).
+constexpr int kAccPerTile = 4;
+constexpr int kARegs = 2;
+typedef short Bf16x4 __attribute__((ext_vector_type(4)));
+typedef float Floatx4 __attribute__((ext_vector_type(4)));
+struct FragA { uint32_t r[2]; };
+struct FragB { uint32_t r[2]; };
+struct Acc { float v[4]; };
+
+DSV4_DEVICE int acc_row(int lane, int r) { return 4 * (lane / 16) + r; }
+DSV4_DEVICE int acc_col(int lane, int r) { return lane % 16; }
+// Register j, half e of an A fragment: its (row, k).
+DSV4_DEVICE int a_row(int lane, int j, int e) { return lane % 16; }
+DSV4_DEVICE int a_col(int lane, int j, int e) { return 4 * (lane / 16) + 2 * j + e; }
+
+DSV4_DEVICE FragA load_a(const uint16_t* base, int ld, int lane) {
+  const uint2 v = *reinterpret_cast<const uint2*>(base + (lane % 16) * ld + 4 * (lane / 16));
+  return FragA{{v.x, v.y}};
+}
+DSV4_DEVICE FragB load_b_nmajor(const uint16_t* base, int ld, int lane) {
+  const uint2 v = *reinterpret_cast<const uint2*>(base + (lane % 16) * ld + 4 * (lane / 16));
+  return FragB{{v.x, v.y}};
+}
+DSV4_DEVICE FragB load_b_kmajor(const uint16_t* base, int ld, int lane) {
+  const uint16_t* p = base + 4 * (lane / 16) * ld + lane % 16;
+  return FragB{{static_cast<uint32_t>(p[0]) | (static_cast<uint32_t>(p[ld]) << 16),
+                static_cast<uint32_t>(p[2 * ld]) | (static_cast<uint32_t>(p[3 * ld]) << 16)}};
+}
+DSV4_DEVICE void mma(Acc& c, const FragA& a, const FragB& b) {
+#if defined(__gfx942__) || defined(__gfx950__) || defined(__gfx90a__)
+  Bf16x4 av, bv;
+  av[0] = static_cast<short>(a.r[0] & 0xffffu);
+  av[1] = static_cast<short>(a.r[0] >> 16);
+  av[2] = static_cast<short>(a.r[1] & 0xffffu);
+  av[3] = static_cast<short>(a.r[1] >> 16);
+  bv[0] = static_cast<short>(b.r[0] & 0xffffu);
+  bv[1] = static_cast<short>(b.r[0] >> 16);
+  bv[2] = static_cast<short>(b.r[1] & 0xffffu);
+  bv[3] = static_cast<short>(b.r[1] >> 16);
+  Floatx4 cv = {c.v[0], c.v[1], c.v[2], c.v[3]};
+  cv = __builtin_amdgcn_mfma_f32_16x16x16bf16_1k(av, bv, cv, 0, 0, 0);
+  c.v[0] = cv[0];
+  c.v[1] = cv[1];
+  c.v[2] = cv[2];
+  c.v[3] = cv[3];
+#else
+  (void)c, (void)a, (void)b;
+  __builtin_trap();  // no bf16 MFMA on this target
+#endif
+}
+#else
+// NVIDIA m16n8k16 (PTX ISA, "Matrix Fragments for mma.m16n8k16"), g = lane / 4, q = lane % 4:
+// A regs a0..a3 = (row g, k 2q..2q+1), (row g+8, k 2q..), (row g, k 2q+8..), (row g+8, k 2q+8..);
+// B regs b0, b1 = (k 2q..2q+1, n g), (k 2q+8..2q+9, n g); C c0..c3 = (row g, n 2q..2q+1), (row g+8,
+// n 2q..2q+1). Lower k (or n) in the low half. A 16-wide n tile is two n8 MMAs: accumulators 0..3
+// cover n 0..7, 4..7 cover n 8..15; B regs 0, 1 and 2, 3 likewise.
+constexpr int kAccPerTile = 8;
+constexpr int kARegs = 4;
+struct FragA { uint32_t r[4]; };
+struct FragB { uint32_t r[4]; };
+struct Acc { float v[8]; };
+
+DSV4_DEVICE int acc_row(int lane, int r) { return lane / 4 + 8 * ((r % 4) / 2); }
+DSV4_DEVICE int acc_col(int lane, int r) { return 8 * (r / 4) + 2 * (lane % 4) + (r % 2); }
+DSV4_DEVICE int a_row(int lane, int j, int e) { return lane / 4 + 8 * (j % 2); }
+DSV4_DEVICE int a_col(int lane, int j, int e) { return 2 * (lane % 4) + 8 * (j / 2) + e; }
+
+DSV4_DEVICE FragA load_a(const uint16_t* base, int ld, int lane) {
+  const uint16_t* p = base + (lane / 4) * ld + 2 * (lane % 4);
+  return FragA{{*reinterpret_cast<const uint32_t*>(p), *reinterpret_cast<const uint32_t*>(p + 8 * ld),
+                *reinterpret_cast<const uint32_t*>(p + 8), *reinterpret_cast<const uint32_t*>(p + 8 * ld + 8)}};
+}
+DSV4_DEVICE FragB load_b_nmajor(const uint16_t* base, int ld, int lane) {
+  const uint16_t* p = base + (lane / 4) * ld + 2 * (lane % 4);
+  return FragB{{*reinterpret_cast<const uint32_t*>(p), *reinterpret_cast<const uint32_t*>(p + 8),
+                *reinterpret_cast<const uint32_t*>(p + 8 * ld), *reinterpret_cast<const uint32_t*>(p + 8 * ld + 8)}};
+}
+DSV4_DEVICE FragB load_b_kmajor(const uint16_t* base, int ld, int lane) {
+  const uint16_t* p = base + 2 * (lane % 4) * ld + lane / 4;
+  auto pair = [&](int k, int n) {
+    return static_cast<uint32_t>(p[k * ld + n]) | (static_cast<uint32_t>(p[(k + 1) * ld + n]) << 16);
+  };
+  return FragB{{pair(0, 0), pair(8, 0), pair(0, 8), pair(8, 8)}};
+}
+DSV4_DEVICE void mma(Acc& c, const FragA& a, const FragB& b) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(c.v[4 * h + 0]), "+f"(c.v[4 * h + 1]), "+f"(c.v[4 * h + 2]), "+f"(c.v[4 * h + 3])
+        : "r"(a.r[0]), "r"(a.r[1]), "r"(a.r[2]), "r"(a.r[3]), "r"(b.r[2 * h]), "r"(b.r[2 * h + 1]));
+  }
+#else
+  (void)c, (void)a, (void)b;
+  __trap();  // no bf16 mma.sync before sm_80
+#endif
+}
+#endif
+
+constexpr int kWarps = kThreads / kWarpSize;        // 8 NVIDIA, 4 AMD
+constexpr int kDimParts = kWarps / 2;               // S: 2 key halves x kDimParts dim slices
+constexpr int kPartDims = kDim / kDimParts;         // 128 NVIDIA, 256 AMD
+constexpr int kScoreSteps = kPartDims / 16;
+constexpr int kWarpDims = kDim / kWarps;            // P V: output dims per warp, 64 / 128
+constexpr int kOutTiles = kWarpDims / 16;
+static_assert(kWarps % 2 == 0 && kTileKeys == 2 * 16, "two 16-key halves of the tile");
+
+// ---- key decode ---------------------------------------------------------------------------------------
+// One thread's loads of one key (32 threads per key): 8 NoPE bytes of the first half, and 8 NoPE bytes of
+// the second half (lanes 0..23) or 16 RoPE bytes (lanes 24..31), with the two block scales.
+struct KeyLoad {
+  uint2 low;
+  uint4 high;
+  uint32_t scales;  // low scale byte | high scale byte << 8
+  int table;        // < 0: no key (zeros)
+};
+
+// The 256-entry decode table of a cache's encoding. FNUZ 0x80 (a NaN there) reads +0, as ds_mla's
+// dequantize_nope_value does; any NaN product is scrubbed afterwards anyway.
+DSV4_DEVICE float table_value(Fp8Format format, uint8_t code) {
+  if (format == Fp8Format::kFNUZ) return code == 0x80u ? 0.0f : fp8_decode<Fp8Format::kFNUZ>(code);
+  return fp8_decode<Fp8Format::kOCP>(code);
+}
+
+// bf16 bits with every non-finite value (exponent all ones) replaced by +0: the spec's NaN scrub.
+DSV4_DEVICE uint32_t scrub_bf16(uint32_t bits) { return (bits & 0x7f80u) == 0x7f80u ? 0u : bits; }
+
+DSV4_DEVICE uint4 decode_fp8x8(uint2 codes, float block_scale, const float* table) {
+  const uint32_t words[2] = {codes.x, codes.y};
+  uint32_t pairs[4];
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    uint32_t halves[2];
+#pragma unroll
+    for (int k = 0; k < 2; ++k) {
+      const uint32_t code = (words[j / 2] >> (16 * (j % 2) + 8 * k)) & 0xffu;
+      halves[k] = scrub_bf16(float_to_bf16_bits(table[code] * block_scale));
+    }
+    pairs[j] = halves[0] | (halves[1] << 16);
+  }
+  return make_uint4(pairs[0], pairs[1], pairs[2], pairs[3]);
+}
+
+DSV4_DEVICE uint32_t scrub_bf16x2(uint32_t word) {
+  return scrub_bf16(word & 0xffffu) | (scrub_bf16(word >> 16) << 16);
+}
+
+struct Shared {
+  uint16_t keys[kTileKeys * kKeyStride];  // bf16 key tile (first: 16-byte aligned)
+  uint16_t probs[kHeadsPerBlock * kProbStride];
+  float tables[2][256];  // main, extra
+  float scores[kDimParts][kHeadsPerBlock][kTileKeys];
+  float alpha[kHeadsPerBlock];
+  const uint8_t* key_data[kTileKeys];
+  const uint8_t* key_scales[kTileKeys];
+  int key_table[kTileKeys];
+};
+
+// Slot of position p (< the row's count) of row t's key list, its cache, and whether it may be read.
+DSV4_DEVICE void locate_key(const SparseMlaDecodeArgs& args, int64_t main_begin, int64_t main_count,
+                            int64_t extra_begin, int64_t p, Shared& sh, int i) {
+  const bool from_main = p < main_count;
+  const SparseKeySource& source = from_main ? args.main : args.extra;
+  const int64_t slot = from_main ? source.indices[main_begin + p] : source.indices[extra_begin + p - main_count];
+  int table = -1;
+  if (slot >= 0 && slot < source.capacity()) {
+    const ds_mla::RecordAddress address = ds_mla::record_address(slot, source.block_size, source.block_stride);
+    sh.key_data[i] = source.bytes + address.data;
+    sh.key_scales[i] = source.bytes + address.scale;
+    table = from_main ? 0 : 1;
+  }
+  sh.key_table[i] = table;
+}
+
+DSV4_DEVICE KeyLoad load_key(const Shared& sh, int key, int lane) {
+  KeyLoad load;
+  load.table = sh.key_table[key];
+  load.low = make_uint2(0, 0);
+  load.high = make_uint4(0, 0, 0, 0);
+  load.scales = 0;
+  if (load.table < 0) return load;
+  const uint8_t* data = sh.key_data[key];
+  const uint8_t* scales = sh.key_scales[key];
+  load.low = *reinterpret_cast<const uint2*>(data + lane * kPieceDims);
+  load.scales = scales[lane * kPieceDims / ds_mla::kQuantBlock];
+  if (lane < kFirstRopeLane) {
+    const uint2 high = *reinterpret_cast<const uint2*>(data + kHalfDims + lane * kPieceDims);
+    load.high = make_uint4(high.x, high.y, 0, 0);
+    load.scales |= static_cast<uint32_t>(scales[(kHalfDims + lane * kPieceDims) / ds_mla::kQuantBlock]) << 8;
+  } else {
+    load.high = *reinterpret_cast<const uint4*>(data + ds_mla::kNopeDim + (lane - kFirstRopeLane) * 2 * kPieceDims);
+  }
+  return load;
+}
+
+DSV4_DEVICE void store_key(const KeyLoad& load, uint16_t* row, int lane, const Shared& sh) {
+  uint4 low = make_uint4(0, 0, 0, 0);
+  uint4 high = make_uint4(0, 0, 0, 0);
+  if (load.table >= 0) {
+    const float* table = sh.tables[load.table];
+    low = decode_fp8x8(load.low, ue8m0_decode(static_cast<uint8_t>(load.scales & 0xffu)), table);
+    if (lane < kFirstRopeLane) {
+      high = decode_fp8x8(make_uint2(load.high.x, load.high.y),
+                          ue8m0_decode(static_cast<uint8_t>((load.scales >> 8) & 0xffu)), table);
+    } else {
+      high = make_uint4(scrub_bf16x2(load.high.x), scrub_bf16x2(load.high.y), scrub_bf16x2(load.high.z),
+                        scrub_bf16x2(load.high.w));
+    }
+  }
+  *reinterpret_cast<uint4*>(row + lane * kPieceDims) = low;
+  *reinterpret_cast<uint4*>(row + kHalfDims + lane * kPieceDims) = high;
+}
+
+__global__ void __launch_bounds__(kThreads) sparse_mla_partial_kernel(SparseMlaDecodeArgs args) {
+  __shared__ __align__(16) Shared sh;
+  const int tid = threadIdx.x;
+  const int lane = tid % kWarpSize;
+  const int warp = tid / kWarpSize;
+  const int64_t t = blockIdx.x;
+  const int64_t h0 = static_cast<int64_t>(blockIdx.y) * kHeadsPerBlock;
+  const int split = blockIdx.z;
+  const int splits = gridDim.z;
+
+  for (int c = tid; c < 512; c += kThreads) {
+    sh.tables[c / 256][c % 256] =
+        table_value(c < 256 ? args.main.format : args.extra.format, static_cast<uint8_t>(c % 256));
+  }
+
+  // The row's key list: main positions [0, main_count), then extra ones.
+  const int64_t main_begin = args.main.row_begin(t);
+  const int64_t main_count = args.main.row_end(t) - main_begin;
+  int64_t extra_begin = 0;
+  int64_t extra_count = 0;
+  if (args.extra.bytes != nullptr) {
+    extra_begin = args.extra.row_begin(t);
+    extra_count = args.extra.row_end(t) - extra_begin;
+  }
+  const int64_t count = main_count + extra_count;
+  const int64_t first = count * split / splits;
+  const int64_t last = count * (split + 1) / splits;
+
+  // Q fragments of this warp's dim slice for S (rows = heads h0..h0+15; heads >= H read as 0).
+  const int key_half = warp % 2;
+  const int part = warp / 2;
+  FragA q_frags[kScoreSteps];
+  {
+    const uint16_t* q_row = args.q + t * args.q_token_stride;
+#pragma unroll
+    for (int step = 0; step < kScoreSteps; ++step) {
+#pragma unroll
+      for (int j = 0; j < kARegs; ++j) {
+        uint32_t word = 0;
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int64_t head = h0 + a_row(lane, j, e);
+          const int dim = part * kPartDims + 16 * step + a_col(lane, j, e);
+          const uint32_t v = head < args.heads ? q_row[head * args.q_head_stride + dim] : 0u;
+          word |= v << (16 * e);
+        }
+        q_frags[step].r[j] = word;
+      }
+    }
+  }
+
+  Acc acc[kOutTiles];
+#pragma unroll
+  for (int j = 0; j < kOutTiles; ++j) {
+#pragma unroll
+    for (int r = 0; r < kAccPerTile; ++r) acc[j].v[r] = 0.0f;
+  }
+  const int softmax_row = tid / kThreadsPerRow;
+  const int softmax_col = (tid % kThreadsPerRow) * kColsPerThread;
+  float m = -FLT_MAX;
+  float l = 0.0f;
+  const int key_lane = tid % kThreadsPerKey;
+  const int key_group = tid / kThreadsPerKey;
+
+  for (int64_t tile = first; tile < last; tile += kTileKeys) {
+    if (tid < kTileKeys) {
+      if (tile + tid < last) {
+        locate_key(args, main_begin, main_count, extra_begin, tile + tid, sh, tid);
+      } else {
+        sh.key_table[tid] = -1;
+      }
+    }
+    __syncthreads();
+    {
+      KeyLoad loads[kPasses];
+#pragma unroll
+      for (int pass = 0; pass < kPasses; ++pass) loads[pass] = load_key(sh, pass * kKeysPerPass + key_group, key_lane);
+#pragma unroll
+      for (int pass = 0; pass < kPasses; ++pass) {
+        store_key(loads[pass], sh.keys + (pass * kKeysPerPass + key_group) * kKeyStride, key_lane, sh);
+      }
+    }
+    __syncthreads();
+
+    // Partial scores of this warp: keys [16 key_half, +16) over dims [part * kPartDims, +kPartDims).
+    {
+      Acc s;
+#pragma unroll
+      for (int r = 0; r < kAccPerTile; ++r) s.v[r] = 0.0f;
+      const uint16_t* kbase = sh.keys + 16 * key_half * kKeyStride + part * kPartDims;
+#pragma unroll
+      for (int step = 0; step < kScoreSteps; ++step) {
+        mma(s, q_frags[step], load_b_nmajor(kbase + 16 * step, kKeyStride, lane));
+      }
+#pragma unroll
+      for (int r = 0; r < kAccPerTile; ++r) {
+        sh.scores[part][acc_row(lane, r)][16 * key_half + acc_col(lane, r)] = s.v[r];
+      }
+    }
+    __syncthreads();
+
+    // Online softmax: 16 threads per head row, 2 keys each.
+    {
+      float sc[kColsPerThread];
+      float tile_max = -INFINITY;
+#pragma unroll
+      for (int c = 0; c < kColsPerThread; ++c) {
+        const int key = softmax_col + c;
+        float dot = 0.0f;
+#pragma unroll
+        for (int p = 0; p < kDimParts; ++p) dot += sh.scores[p][softmax_row][key];
+        sc[c] = sh.key_table[key] >= 0 ? args.scale * dot : -INFINITY;
+        tile_max = fmaxf(tile_max, sc[c]);
+      }
+#pragma unroll
+      for (int mask = kThreadsPerRow / 2; mask > 0; mask /= 2) {
+        tile_max = fmaxf(tile_max, shuffle_xor(tile_max, mask, kThreadsPerRow));
+      }
+      const float m_new = fmaxf(m, tile_max);
+      const float a = expf(m - m_new);
+      float sum = 0.0f;
+#pragma unroll
+      for (int c = 0; c < kColsPerThread; ++c) {
+        const uint16_t bits = float_to_bf16_bits(expf(sc[c] - m_new));
+        sh.probs[softmax_row * kProbStride + softmax_col + c] = bits;
+        sum += bf16_bits_to_float(bits);
+      }
+#pragma unroll
+      for (int mask = kThreadsPerRow / 2; mask > 0; mask /= 2) sum += shuffle_xor(sum, mask, kThreadsPerRow);
+      l = l * a + sum;
+      m = m_new;
+      if (tid % kThreadsPerRow == 0) sh.alpha[softmax_row] = a;
+    }
+    __syncthreads();
+
+    // acc = acc * alpha + P V over this warp's output dims.
+    {
+      const FragA p0 = load_a(sh.probs, kProbStride, lane);
+      const FragA p1 = load_a(sh.probs + 16, kProbStride, lane);
+      float row_alpha[kAccPerTile];
+#pragma unroll
+      for (int r = 0; r < kAccPerTile; ++r) row_alpha[r] = sh.alpha[acc_row(lane, r)];
+      const uint16_t* vbase = sh.keys + warp * kWarpDims;
+#pragma unroll
+      for (int j = 0; j < kOutTiles; ++j) {
+#pragma unroll
+        for (int r = 0; r < kAccPerTile; ++r) acc[j].v[r] *= row_alpha[r];
+        mma(acc[j], p0, load_b_kmajor(vbase + 16 * j, kKeyStride, lane));
+        mma(acc[j], p1, load_b_kmajor(vbase + 16 * kKeyStride + 16 * j, kKeyStride, lane));
+      }
+    }
+    __syncthreads();
+  }
+
+  // The split's partials.
+  const int64_t row_base = (t * splits + split) * args.heads;
+  float* acc_out = args.partials;
+  float* ml_out = args.partials + args.tokens * splits * args.heads * kDim;
+#pragma unroll
+  for (int j = 0; j < kOutTiles; ++j) {
+#pragma unroll
+    for (int r = 0; r < kAccPerTile; ++r) {
+      const int64_t head = h0 + acc_row(lane, r);
+      if (head < args.heads) {
+        acc_out[(row_base + head) * kDim + warp * kWarpDims + 16 * j + acc_col(lane, r)] = acc[j].v[r];
+      }
+    }
+  }
+  if (tid % kThreadsPerRow == 0 && h0 + softmax_row < args.heads) {
+    ml_out[(row_base + h0 + softmax_row) * 2] = m;
+    ml_out[(row_base + h0 + softmax_row) * 2 + 1] = l;
+  }
+}
+
+__global__ void __launch_bounds__(kReduceThreads) sparse_mla_reduce_kernel(SparseMlaDecodeArgs args) {
+  const int64_t t = blockIdx.x;
+  const int64_t h = blockIdx.y;
+  const int d0 = threadIdx.x * 4;
+  const int splits = args.num_splits;
+  const float* acc_in = args.partials;
+  const float* ml_in = args.partials + args.tokens * splits * args.heads * kDim;
+  float sink = args.sink != nullptr ? args.sink[h] : -INFINITY;
+  sink = sink != sink ? -INFINITY : sink;
+  float m_all = sink;
+  for (int s = 0; s < splits; ++s) m_all = fmaxf(m_all, ml_in[((t * splits + s) * args.heads + h) * 2]);
+  float denominator = expf(sink - m_all);
+  float out[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  for (int s = 0; s < splits; ++s) {
+    const int64_t row = (t * splits + s) * args.heads + h;
+    const float weight = expf(ml_in[row * 2] - m_all);
+    denominator += weight * ml_in[row * 2 + 1];
+    const float4 a = *reinterpret_cast<const float4*>(acc_in + row * kDim + d0);
+    out[0] += weight * a.x;
+    out[1] += weight * a.y;
+    out[2] += weight * a.z;
+    out[3] += weight * a.w;
+  }
+  const bool empty = !(denominator > 0.0f) || sink == INFINITY;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) out[i] = empty ? 0.0f : out[i] / denominator;
+  if (args.inverse_rope && d0 >= ds_mla::kNopeDim) {
+    const int64_t rope_row = args.rope.row_of(t);
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const int pair = (d0 - ds_mla::kNopeDim) / 2 + i;
+      rope_unrotate_pair(out[2 * i], out[2 * i + 1], args.rope.value(rope_row, pair),
+                         args.rope.value(rope_row, ds_mla::kRopeDim / 2 + pair));
+    }
+  }
+  uint16_t* out_row = args.out + t * args.out_token_stride + h * args.out_head_stride;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) out_row[d0 + i] = float_to_bf16_bits(out[i]);
+}
+
+#endif  // DSV4_GPU_COMPILER
+
+int device_multiprocessors() {
+  int device = 0;
+  int count = 0;
+#if defined(__HIPCC__)
+  if (hipGetDevice(&device) != hipSuccess ||
+      hipDeviceGetAttribute(&count, hipDeviceAttributeMultiprocessorCount, device) != hipSuccess) {
+    count = 0;
+  }
+#else
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
+    count = 0;
+  }
+#endif
+  return count > 0 ? count : 128;
+}
+
+}  // namespace
+
+int sparse_mla_decode_num_splits(const SparseMlaDecodeArgs& args, int requested) {
+  if (requested > 0) return requested;
+  if (args.tokens <= 0 || args.heads <= 0) return 1;
+  const int64_t blocks = args.tokens * ((args.heads + kHeadsPerBlock - 1) / kHeadsPerBlock);
+  const int64_t target = 2 * static_cast<int64_t>(device_multiprocessors());
+  int64_t splits = (target + blocks - 1) / blocks;
+  // Enough keys per split to keep a split's fixed costs (Q fragments, partial write) small.
+  const int64_t keys = args.main.index_count + (args.extra.bytes != nullptr ? args.extra.index_count : 0);
+  const int64_t per_row = (keys + args.tokens - 1) / args.tokens;
+  const int64_t by_keys = (per_row + kKeysPerSplitMin - 1) / kKeysPerSplitMin;
+  splits = splits < by_keys ? splits : by_keys;
+  splits = splits > kMaxAutoSplits ? kMaxAutoSplits : splits;
+  return static_cast<int>(splits < 1 ? 1 : splits);
+}
+
+int64_t sparse_mla_workspace_floats(const SparseMlaDecodeArgs& args) {
+  return args.tokens * args.num_splits * args.heads * (kDim + 2);
+}
+
+LaunchStatus launch_sparse_mla_decode(const SparseMlaDecodeArgs& args, void* stream) {
+  if (args.tokens < 0 || args.heads <= 0 || args.num_splits < 1 || args.num_splits > 64 ||
+      args.tokens > 0x7fffffff || args.heads > 65535 || args.partials == nullptr) {
+    return LaunchStatus::kInvalidArgument;
+  }
+  if (args.tokens == 0) return LaunchStatus::kOk;
+  auto hip_stream = static_cast<hipStream_t>(stream);
+  const dim3 grid(static_cast<unsigned>(args.tokens),
+                  static_cast<unsigned>((args.heads + kHeadsPerBlock - 1) / kHeadsPerBlock),
+                  static_cast<unsigned>(args.num_splits));
+  hipLaunchKernelGGL(sparse_mla_partial_kernel, grid, dim3(kThreads), 0, hip_stream, args);
+  if (last_launch_status() != LaunchStatus::kOk) return LaunchStatus::kLaunchFailed;
+  const dim3 reduce_grid(static_cast<unsigned>(args.tokens), static_cast<unsigned>(args.heads));
+  hipLaunchKernelGGL(sparse_mla_reduce_kernel, reduce_grid, dim3(kReduceThreads), 0, hip_stream, args);
+  return last_launch_status();
+}
+
+}  // namespace dsv4::gpu
