@@ -58,3 +58,14 @@ foreach(_src IN LISTS DSV4OPS_KERNEL_SOURCES)
   list(APPEND _ptxas_logs ${_check_dir}/${_name}.sm_90a.ptxas.log)
 endforeach()
 add_test(NAME device_sm_90a_no_spills COMMAND ${_checker} ptxas-no-spills ${_ptxas_logs})
+
+# ---- sparse_mla (issue 7): the split-K decode kernel runs S = Q K^T and P V on the matrix units ----
+foreach(_arch gfx942 gfx950)
+  add_test(NAME device_${_arch}_sparse_mla_mfma_instruction
+           COMMAND ${_checker} expect-instruction v_mfma_f32_16x16x16_bf16
+                   ${_check_dir}/sparse_mla_decode.${_arch}.s)
+endforeach()
+add_test(NAME device_sm_90a_sparse_mla_mma_instruction
+         COMMAND ${_checker} expect-instruction mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32
+                 ${_check_dir}/sparse_mla_decode.sm_90a.ptx)
+# ---- end sparse_mla ----

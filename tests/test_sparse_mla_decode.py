@@ -24,6 +24,14 @@ WINDOW = 128
 SCALE = 512 ** -0.5
 
 
+@pytest.fixture(autouse=True)
+def _gpu_cases_run_the_kernel(request, monkeypatch, _clean_dispatch_env):
+    """GPU cases demand the GPU kernel (DSV4OPS_FORCE): a silent fallback to the reference would make
+    them compare the reference with itself."""
+    if request.node.get_closest_marker("gpu") is not None:
+        monkeypatch.setenv("DSV4OPS_FORCE", "sparse_mla_decode")
+
+
 def written_cache(tokens, block_size, fmt, seed, magnitude=1.0, device="cpu"):
     """A cache holding `tokens` random rotated K rows at slots 0..tokens-1, written by dsv4ops on `device`."""
     blocks = -(-tokens // block_size) + 1

@@ -47,6 +47,7 @@ constexpr int kProbStride = kTileKeys + 8;  // bf16 per shared P row
 constexpr int kThreadsPerKey = 32;
 constexpr int kKeysPerPass = kThreads / kThreadsPerKey;  // 8
 constexpr int kPasses = kTileKeys / kKeysPerPass;        // 4
+constexpr int kPassesInFlight = 2;  // key loads in flight per thread before they are decoded
 constexpr int kPieceDims = 8;
 constexpr int kHalfDims = kDim / 2;                                       // 256
 constexpr int kFirstRopeLane = (ds_mla::kNopeDim - kHalfDims) / kPieceDims;  // 24
@@ -195,24 +196,32 @@ DSV4_DEVICE float table_value(Fp8Format format, uint8_t code) {
 // bf16 bits with every non-finite value (exponent all ones) replaced by +0: the spec's NaN scrub.
 DSV4_DEVICE uint32_t scrub_bf16(uint32_t bits) { return (bits & 0x7f80u) == 0x7f80u ? 0u : bits; }
 
+DSV4_DEVICE uint32_t scrub_bf16x2(uint32_t word) {
+  return scrub_bf16(word & 0xffffu) | (scrub_bf16(word >> 16) << 16);
+}
+
+// Two fp32 values to bf16 (round to nearest even; low half = first), then scrubbed. sm_90 has the
+// conversion instruction; elsewhere the shared software rounding (the same bits for every non-NaN value,
+// and NaN is scrubbed to 0 either way).
+DSV4_DEVICE uint32_t bf16x2_scrubbed(float low, float high) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  uint32_t packed;
+  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(packed) : "f"(high), "f"(low));
+  return scrub_bf16x2(packed);
+#else
+  return scrub_bf16(float_to_bf16_bits(low)) | (scrub_bf16(float_to_bf16_bits(high)) << 16);
+#endif
+}
+
 DSV4_DEVICE uint4 decode_fp8x8(uint2 codes, float block_scale, const float* table) {
   const uint32_t words[2] = {codes.x, codes.y};
   uint32_t pairs[4];
 #pragma unroll
   for (int j = 0; j < 4; ++j) {
-    uint32_t halves[2];
-#pragma unroll
-    for (int k = 0; k < 2; ++k) {
-      const uint32_t code = (words[j / 2] >> (16 * (j % 2) + 8 * k)) & 0xffu;
-      halves[k] = scrub_bf16(float_to_bf16_bits(table[code] * block_scale));
-    }
-    pairs[j] = halves[0] | (halves[1] << 16);
+    const uint32_t word = words[j / 2] >> (16 * (j % 2));
+    pairs[j] = bf16x2_scrubbed(table[word & 0xffu] * block_scale, table[(word >> 8) & 0xffu] * block_scale);
   }
   return make_uint4(pairs[0], pairs[1], pairs[2], pairs[3]);
-}
-
-DSV4_DEVICE uint32_t scrub_bf16x2(uint32_t word) {
-  return scrub_bf16(word & 0xffffu) | (scrub_bf16(word >> 16) << 16);
 }
 
 struct Shared {
@@ -281,7 +290,15 @@ DSV4_DEVICE void store_key(const KeyLoad& load, uint16_t* row, int lane, const S
   *reinterpret_cast<uint4*>(row + kHalfDims + lane * kPieceDims) = high;
 }
 
-__global__ void __launch_bounds__(kThreads) sparse_mla_partial_kernel(SparseMlaDecodeArgs args) {
+// Two blocks per multiprocessor on NVIDIA (at most 128 registers a thread): one block's MMA work hides
+// the other's record loads and barriers.
+#if DSV4_SPARSE_MLA_MFMA_LAYOUT
+#define DSV4_SPARSE_MLA_BOUNDS __launch_bounds__(kThreads)
+#else
+#define DSV4_SPARSE_MLA_BOUNDS __launch_bounds__(kThreads, 2)
+#endif
+
+__global__ void DSV4_SPARSE_MLA_BOUNDS sparse_mla_partial_kernel(SparseMlaDecodeArgs args) {
   __shared__ __align__(16) Shared sh;
   const int tid = threadIdx.x;
   const int lane = tid % kWarpSize;
@@ -354,13 +371,16 @@ __global__ void __launch_bounds__(kThreads) sparse_mla_partial_kernel(SparseMlaD
       }
     }
     __syncthreads();
-    {
-      KeyLoad loads[kPasses];
 #pragma unroll
-      for (int pass = 0; pass < kPasses; ++pass) loads[pass] = load_key(sh, pass * kKeysPerPass + key_group, key_lane);
+    for (int batch = 0; batch < kPasses; batch += kPassesInFlight) {
+      KeyLoad loads[kPassesInFlight];
 #pragma unroll
-      for (int pass = 0; pass < kPasses; ++pass) {
-        store_key(loads[pass], sh.keys + (pass * kKeysPerPass + key_group) * kKeyStride, key_lane, sh);
+      for (int i = 0; i < kPassesInFlight; ++i) {
+        loads[i] = load_key(sh, (batch + i) * kKeysPerPass + key_group, key_lane);
+      }
+#pragma unroll
+      for (int i = 0; i < kPassesInFlight; ++i) {
+        store_key(loads[i], sh.keys + ((batch + i) * kKeysPerPass + key_group) * kKeyStride, key_lane, sh);
       }
     }
     __syncthreads();
