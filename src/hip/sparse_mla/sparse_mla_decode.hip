@@ -51,8 +51,6 @@ constexpr int kPassesInFlight = 2;  // key loads in flight per thread before the
 constexpr int kPieceDims = 8;
 constexpr int kHalfDims = kDim / 2;                                       // 256
 constexpr int kFirstRopeLane = (ds_mla::kNopeDim - kHalfDims) / kPieceDims;  // 24
-constexpr int kThreadsPerRow = kThreads / kHeadsPerBlock;                 // 16 (softmax)
-constexpr int kColsPerThread = kTileKeys / kThreadsPerRow;                // 2
 constexpr int kReduceThreads = kDim / 4;                                  // 128, 4 dims each
 constexpr int kMaxAutoSplits = 32;
 constexpr int kKeysPerSplitMin = 64;
@@ -70,7 +68,6 @@ static_assert(kTileKeys == 32 && kKeysPerPass * kPasses == kTileKeys, "tile shap
 // (j = 0..3, element j in bits 16j..16j+15 of the 64-bit operand), and D[4 (l / 16) + r][l % 16] in
 // accumulator r (0..3).
 constexpr int kAccPerTile = 4;
-constexpr int kARegs = 2;
 typedef short Bf16x4 __attribute__((ext_vector_type(4)));
 typedef float Floatx4 __attribute__((ext_vector_type(4)));
 struct FragA { uint32_t r[2]; };
@@ -79,9 +76,6 @@ struct Acc { float v[4]; };
 
 DSV4_DEVICE int acc_row(int lane, int r) { return 4 * (lane / 16) + r; }
 DSV4_DEVICE int acc_col(int lane, int r) { return lane % 16; }
-// Register j, half e of an A fragment: its (row, k).
-DSV4_DEVICE int a_row(int lane, int j, int e) { return lane % 16; }
-DSV4_DEVICE int a_col(int lane, int j, int e) { return 4 * (lane / 16) + 2 * j + e; }
 
 DSV4_DEVICE FragA load_a(const uint16_t* base, int ld, int lane) {
   const uint2 v = *reinterpret_cast<const uint2*>(base + (lane % 16) * ld + 4 * (lane / 16));
@@ -125,15 +119,12 @@ DSV4_DEVICE void mma(Acc& c, const FragA& a, const FragB& b) {
 // n 2q..2q+1). Lower k (or n) in the low half. A 16-wide n tile is two n8 MMAs: accumulators 0..3
 // cover n 0..7, 4..7 cover n 8..15; B regs 0, 1 and 2, 3 likewise.
 constexpr int kAccPerTile = 8;
-constexpr int kARegs = 4;
 struct FragA { uint32_t r[4]; };
 struct FragB { uint32_t r[4]; };
 struct Acc { float v[8]; };
 
 DSV4_DEVICE int acc_row(int lane, int r) { return lane / 4 + 8 * ((r % 4) / 2); }
 DSV4_DEVICE int acc_col(int lane, int r) { return 8 * (r / 4) + 2 * (lane % 4) + (r % 2); }
-DSV4_DEVICE int a_row(int lane, int j, int e) { return lane / 4 + 8 * (j % 2); }
-DSV4_DEVICE int a_col(int lane, int j, int e) { return 2 * (lane % 4) + 8 * (j / 2) + e; }
 
 DSV4_DEVICE FragA load_a(const uint16_t* base, int ld, int lane) {
   const uint16_t* p = base + (lane / 4) * ld + 2 * (lane % 4);
@@ -224,20 +215,25 @@ DSV4_DEVICE uint4 decode_fp8x8(uint2 codes, float block_scale, const float* tabl
   return make_uint4(pairs[0], pairs[1], pairs[2], pairs[3]);
 }
 
+// The block's shared memory for kGroups groups of 16 heads (dynamic shared memory: up to 88 KB).
+template <int kGroups>
 struct Shared {
+  static constexpr int kRows = kGroups * kHeadsPerBlock;
   uint16_t keys[kTileKeys * kKeyStride];  // bf16 key tile (first: 16-byte aligned)
-  uint16_t probs[kHeadsPerBlock * kProbStride];
+  uint16_t q[kRows * kKeyStride];         // bf16 Q rows of the block's heads (heads >= H: zeros)
+  uint16_t probs[kRows * kProbStride];
   float tables[2][256];  // main, extra
-  float scores[kDimParts][kHeadsPerBlock][kTileKeys];
-  float alpha[kHeadsPerBlock];
+  float scores[kDimParts][kRows][kTileKeys];
+  float alpha[kRows];
   const uint8_t* key_data[kTileKeys];
   const uint8_t* key_scales[kTileKeys];
   int key_table[kTileKeys];
 };
 
 // Slot of position p (< the row's count) of row t's key list, its cache, and whether it may be read.
+template <class Sh>
 DSV4_DEVICE void locate_key(const SparseMlaDecodeArgs& args, int64_t main_begin, int64_t main_count,
-                            int64_t extra_begin, int64_t p, Shared& sh, int i) {
+                            int64_t extra_begin, int64_t p, Sh& sh, int i) {
   const bool from_main = p < main_count;
   const SparseKeySource& source = from_main ? args.main : args.extra;
   const int64_t slot = from_main ? source.indices[main_begin + p] : source.indices[extra_begin + p - main_count];
@@ -251,7 +247,8 @@ DSV4_DEVICE void locate_key(const SparseMlaDecodeArgs& args, int64_t main_begin,
   sh.key_table[i] = table;
 }
 
-DSV4_DEVICE KeyLoad load_key(const Shared& sh, int key, int lane) {
+template <class Sh>
+DSV4_DEVICE KeyLoad load_key(const Sh& sh, int key, int lane) {
   KeyLoad load;
   load.table = sh.key_table[key];
   load.low = make_uint2(0, 0);
@@ -272,11 +269,11 @@ DSV4_DEVICE KeyLoad load_key(const Shared& sh, int key, int lane) {
   return load;
 }
 
-DSV4_DEVICE void store_key(const KeyLoad& load, uint16_t* row, int lane, const Shared& sh) {
+DSV4_DEVICE void store_key(const KeyLoad& load, uint16_t* row, int lane, const float (*tables)[256]) {
   uint4 low = make_uint4(0, 0, 0, 0);
   uint4 high = make_uint4(0, 0, 0, 0);
   if (load.table >= 0) {
-    const float* table = sh.tables[load.table];
+    const float* table = tables[load.table];
     low = decode_fp8x8(load.low, ue8m0_decode(static_cast<uint8_t>(load.scales & 0xffu)), table);
     if (lane < kFirstRopeLane) {
       high = decode_fp8x8(make_uint2(load.high.x, load.high.y),
@@ -298,19 +295,37 @@ DSV4_DEVICE void store_key(const KeyLoad& load, uint16_t* row, int lane, const S
 #define DSV4_SPARSE_MLA_BOUNDS __launch_bounds__(kThreads, 2)
 #endif
 
+// kGroups groups of 16 heads share each decoded key tile (1 or 2; the MMA B fragments of K and V are
+// loaded once for all groups).
+template <int kGroups>
 __global__ void DSV4_SPARSE_MLA_BOUNDS sparse_mla_partial_kernel(SparseMlaDecodeArgs args) {
-  __shared__ __align__(16) Shared sh;
+  using Sh = Shared<kGroups>;
+  constexpr int kRows = Sh::kRows;
+  constexpr int kThreadsPerRow = kThreads / kRows;          // softmax: 16 (one group) or 8 threads a row
+  constexpr int kColsPerThread = kTileKeys / kThreadsPerRow;  // 2 or 4 keys a thread
+  static_assert(kThreads % kRows == 0 && kTileKeys % kThreadsPerRow == 0, "softmax thread layout");
+  extern __shared__ __align__(16) unsigned char shared_bytes[];
+  Sh& sh = *reinterpret_cast<Sh*>(shared_bytes);
   const int tid = threadIdx.x;
   const int lane = tid % kWarpSize;
   const int warp = tid / kWarpSize;
   const int64_t t = blockIdx.x;
-  const int64_t h0 = static_cast<int64_t>(blockIdx.y) * kHeadsPerBlock;
+  const int64_t h0 = static_cast<int64_t>(blockIdx.y) * kRows;
   const int split = blockIdx.z;
   const int splits = gridDim.z;
 
   for (int c = tid; c < 512; c += kThreads) {
     sh.tables[c / 256][c % 256] =
         table_value(c < 256 ? args.main.format : args.extra.format, static_cast<uint8_t>(c % 256));
+  }
+  {
+    const uint16_t* q_row = args.q + t * args.q_token_stride;
+    for (int i = tid; i < kRows * kDim; i += kThreads) {
+      const int row = i / kDim;
+      const int dim = i % kDim;
+      const int64_t head = h0 + row;
+      sh.q[row * kKeyStride + dim] = head < args.heads ? q_row[head * args.q_head_stride + dim] : uint16_t{0};
+    }
   }
 
   // The row's key list: main positions [0, main_count), then extra ones.
@@ -326,34 +341,16 @@ __global__ void DSV4_SPARSE_MLA_BOUNDS sparse_mla_partial_kernel(SparseMlaDecode
   const int64_t first = count * split / splits;
   const int64_t last = count * (split + 1) / splits;
 
-  // Q fragments of this warp's dim slice for S (rows = heads h0..h0+15; heads >= H read as 0).
   const int key_half = warp % 2;
   const int part = warp / 2;
-  FragA q_frags[kScoreSteps];
-  {
-    const uint16_t* q_row = args.q + t * args.q_token_stride;
+  Acc acc[kGroups][kOutTiles];
 #pragma unroll
-    for (int step = 0; step < kScoreSteps; ++step) {
+  for (int g = 0; g < kGroups; ++g) {
 #pragma unroll
-      for (int j = 0; j < kARegs; ++j) {
-        uint32_t word = 0;
+    for (int j = 0; j < kOutTiles; ++j) {
 #pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const int64_t head = h0 + a_row(lane, j, e);
-          const int dim = part * kPartDims + 16 * step + a_col(lane, j, e);
-          const uint32_t v = head < args.heads ? q_row[head * args.q_head_stride + dim] : 0u;
-          word |= v << (16 * e);
-        }
-        q_frags[step].r[j] = word;
-      }
+      for (int r = 0; r < kAccPerTile; ++r) acc[g][j].v[r] = 0.0f;
     }
-  }
-
-  Acc acc[kOutTiles];
-#pragma unroll
-  for (int j = 0; j < kOutTiles; ++j) {
-#pragma unroll
-    for (int r = 0; r < kAccPerTile; ++r) acc[j].v[r] = 0.0f;
   }
   const int softmax_row = tid / kThreadsPerRow;
   const int softmax_col = (tid % kThreadsPerRow) * kColsPerThread;
@@ -380,29 +377,41 @@ __global__ void DSV4_SPARSE_MLA_BOUNDS sparse_mla_partial_kernel(SparseMlaDecode
       }
 #pragma unroll
       for (int i = 0; i < kPassesInFlight; ++i) {
-        store_key(loads[i], sh.keys + ((batch + i) * kKeysPerPass + key_group) * kKeyStride, key_lane, sh);
+        store_key(loads[i], sh.keys + ((batch + i) * kKeysPerPass + key_group) * kKeyStride, key_lane, sh.tables);
       }
     }
     __syncthreads();
 
-    // Partial scores of this warp: keys [16 key_half, +16) over dims [part * kPartDims, +kPartDims).
+    // Partial scores of this warp: keys [16 key_half, +16) over dims [part * kPartDims, +kPartDims), for
+    // every head group (one K^T fragment load serves them all).
     {
-      Acc s;
+      Acc s[kGroups];
 #pragma unroll
-      for (int r = 0; r < kAccPerTile; ++r) s.v[r] = 0.0f;
+      for (int g = 0; g < kGroups; ++g) {
+#pragma unroll
+        for (int r = 0; r < kAccPerTile; ++r) s[g].v[r] = 0.0f;
+      }
       const uint16_t* kbase = sh.keys + 16 * key_half * kKeyStride + part * kPartDims;
-#pragma unroll
+      const uint16_t* qbase = sh.q + part * kPartDims;
+#pragma unroll 4
       for (int step = 0; step < kScoreSteps; ++step) {
-        mma(s, q_frags[step], load_b_nmajor(kbase + 16 * step, kKeyStride, lane));
+        const FragB b = load_b_nmajor(kbase + 16 * step, kKeyStride, lane);
+#pragma unroll
+        for (int g = 0; g < kGroups; ++g) {
+          mma(s[g], load_a(qbase + g * kHeadsPerBlock * kKeyStride + 16 * step, kKeyStride, lane), b);
+        }
       }
 #pragma unroll
-      for (int r = 0; r < kAccPerTile; ++r) {
-        sh.scores[part][acc_row(lane, r)][16 * key_half + acc_col(lane, r)] = s.v[r];
+      for (int g = 0; g < kGroups; ++g) {
+#pragma unroll
+        for (int r = 0; r < kAccPerTile; ++r) {
+          sh.scores[part][g * kHeadsPerBlock + acc_row(lane, r)][16 * key_half + acc_col(lane, r)] = s[g].v[r];
+        }
       }
     }
     __syncthreads();
 
-    // Online softmax: 16 threads per head row, 2 keys each.
+    // Online softmax: kThreadsPerRow threads per head row.
     {
       float sc[kColsPerThread];
       float tile_max = -INFINITY;
@@ -436,20 +445,31 @@ __global__ void DSV4_SPARSE_MLA_BOUNDS sparse_mla_partial_kernel(SparseMlaDecode
     }
     __syncthreads();
 
-    // acc = acc * alpha + P V over this warp's output dims.
+    // acc = acc * alpha + P V over this warp's output dims (one V fragment load serves every group).
     {
-      const FragA p0 = load_a(sh.probs, kProbStride, lane);
-      const FragA p1 = load_a(sh.probs + 16, kProbStride, lane);
-      float row_alpha[kAccPerTile];
-#pragma unroll
-      for (int r = 0; r < kAccPerTile; ++r) row_alpha[r] = sh.alpha[acc_row(lane, r)];
       const uint16_t* vbase = sh.keys + warp * kWarpDims;
 #pragma unroll
-      for (int j = 0; j < kOutTiles; ++j) {
+      for (int g = 0; g < kGroups; ++g) {
 #pragma unroll
-        for (int r = 0; r < kAccPerTile; ++r) acc[j].v[r] *= row_alpha[r];
-        mma(acc[j], p0, load_b_kmajor(vbase + 16 * j, kKeyStride, lane));
-        mma(acc[j], p1, load_b_kmajor(vbase + 16 * kKeyStride + 16 * j, kKeyStride, lane));
+        for (int r = 0; r < kAccPerTile; ++r) {
+          const float row_alpha = sh.alpha[g * kHeadsPerBlock + acc_row(lane, r)];
+#pragma unroll
+          for (int j = 0; j < kOutTiles; ++j) acc[g][j].v[r] *= row_alpha;
+        }
+      }
+#pragma unroll
+      for (int kk = 0; kk < kTileKeys / 16; ++kk) {
+        FragA p[kGroups];
+#pragma unroll
+        for (int g = 0; g < kGroups; ++g) {
+          p[g] = load_a(sh.probs + g * kHeadsPerBlock * kProbStride + 16 * kk, kProbStride, lane);
+        }
+#pragma unroll
+        for (int j = 0; j < kOutTiles; ++j) {
+          const FragB b = load_b_kmajor(vbase + 16 * kk * kKeyStride + 16 * j, kKeyStride, lane);
+#pragma unroll
+          for (int g = 0; g < kGroups; ++g) mma(acc[g][j], p[g], b);
+        }
       }
     }
     __syncthreads();
@@ -460,12 +480,15 @@ __global__ void DSV4_SPARSE_MLA_BOUNDS sparse_mla_partial_kernel(SparseMlaDecode
   float* acc_out = args.partials;
   float* ml_out = args.partials + args.tokens * splits * args.heads * kDim;
 #pragma unroll
-  for (int j = 0; j < kOutTiles; ++j) {
+  for (int g = 0; g < kGroups; ++g) {
 #pragma unroll
-    for (int r = 0; r < kAccPerTile; ++r) {
-      const int64_t head = h0 + acc_row(lane, r);
-      if (head < args.heads) {
-        acc_out[(row_base + head) * kDim + warp * kWarpDims + 16 * j + acc_col(lane, r)] = acc[j].v[r];
+    for (int j = 0; j < kOutTiles; ++j) {
+#pragma unroll
+      for (int r = 0; r < kAccPerTile; ++r) {
+        const int64_t head = h0 + g * kHeadsPerBlock + acc_row(lane, r);
+        if (head < args.heads) {
+          acc_out[(row_base + head) * kDim + warp * kWarpDims + 16 * j + acc_col(lane, r)] = acc[g][j].v[r];
+        }
       }
     }
   }
@@ -534,12 +557,54 @@ int device_multiprocessors() {
   return count > 0 ? count : 128;
 }
 
+// Heads per partial block: 32 (two groups sharing each decoded tile) on NVIDIA when H > 16, else 16.
+// The AMD targets keep one group: two would exceed gfx942's 64 KB of LDS.
+int heads_per_block(int64_t heads) {
+#if DSV4_SPARSE_MLA_MFMA_LAYOUT
+  (void)heads;
+  return kHeadsPerBlock;
+#else
+  return heads > kHeadsPerBlock ? 2 * kHeadsPerBlock : kHeadsPerBlock;
+#endif
+}
+
+template <int kGroups>
+LaunchStatus launch_partial(const SparseMlaDecodeArgs& args, hipStream_t stream) {
+#if DSV4_GPU_COMPILER
+  constexpr int kRows = kGroups * kHeadsPerBlock;
+  const size_t shared_bytes = sizeof(Shared<kGroups>);
+#if !defined(__HIPCC__)
+  // Above 48 KB of dynamic shared memory needs the opt-in, once per instance and device (repeating it
+  // from two threads at once is harmless).
+  constexpr int kMaxDevices = 64;
+  static bool opted_in[kMaxDevices] = {};
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) return LaunchStatus::kLaunchFailed;
+  if (device < 0 || device >= kMaxDevices || !opted_in[device]) {
+    if (cudaFuncSetAttribute(sparse_mla_partial_kernel<kGroups>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             static_cast<int>(shared_bytes)) != cudaSuccess) {
+      return LaunchStatus::kLaunchFailed;
+    }
+    if (device >= 0 && device < kMaxDevices) opted_in[device] = true;
+  }
+#endif
+  const dim3 grid(static_cast<unsigned>(args.tokens), static_cast<unsigned>((args.heads + kRows - 1) / kRows),
+                  static_cast<unsigned>(args.num_splits));
+  hipLaunchKernelGGL((sparse_mla_partial_kernel<kGroups>), grid, dim3(kThreads), shared_bytes, stream, args);
+  return last_launch_status();
+#else
+  (void)args, (void)stream;
+  return LaunchStatus::kInvalidArgument;
+#endif
+}
+
 }  // namespace
 
 int sparse_mla_decode_num_splits(const SparseMlaDecodeArgs& args, int requested) {
   if (requested > 0) return requested;
   if (args.tokens <= 0 || args.heads <= 0) return 1;
-  const int64_t blocks = args.tokens * ((args.heads + kHeadsPerBlock - 1) / kHeadsPerBlock);
+  const int64_t rows_per_block = heads_per_block(args.heads);
+  const int64_t blocks = args.tokens * ((args.heads + rows_per_block - 1) / rows_per_block);
   const int64_t target = 2 * static_cast<int64_t>(device_multiprocessors());
   int64_t splits = (target + blocks - 1) / blocks;
   // Enough keys per split to keep a split's fixed costs (Q fragments, partial write) small.
@@ -562,11 +627,14 @@ LaunchStatus launch_sparse_mla_decode(const SparseMlaDecodeArgs& args, void* str
   }
   if (args.tokens == 0) return LaunchStatus::kOk;
   auto hip_stream = static_cast<hipStream_t>(stream);
-  const dim3 grid(static_cast<unsigned>(args.tokens),
-                  static_cast<unsigned>((args.heads + kHeadsPerBlock - 1) / kHeadsPerBlock),
-                  static_cast<unsigned>(args.num_splits));
-  hipLaunchKernelGGL(sparse_mla_partial_kernel, grid, dim3(kThreads), 0, hip_stream, args);
-  if (last_launch_status() != LaunchStatus::kOk) return LaunchStatus::kLaunchFailed;
+#if DSV4_SPARSE_MLA_MFMA_LAYOUT
+  const LaunchStatus partial = launch_partial<1>(args, hip_stream);
+#else
+  const LaunchStatus partial = heads_per_block(args.heads) == 2 * kHeadsPerBlock
+                                   ? launch_partial<2>(args, hip_stream)
+                                   : launch_partial<1>(args, hip_stream);
+#endif
+  if (partial != LaunchStatus::kOk) return partial;
   const dim3 reduce_grid(static_cast<unsigned>(args.tokens), static_cast<unsigned>(args.heads));
   hipLaunchKernelGGL(sparse_mla_reduce_kernel, reduce_grid, dim3(kReduceThreads), 0, hip_stream, args);
   return last_launch_status();
