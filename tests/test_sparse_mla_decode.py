@@ -256,21 +256,23 @@ def test_block_size_must_match_a_584_byte_record_view_and_padded_blocks_read(dev
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_inverse_rope_epilogue(device):
+@pytest.mark.parametrize("heads,num_splits", [(4, 0), (4, 1), (4, 3), (20, 1), (20, 2)])
+def test_inverse_rope_epilogue(device, heads, num_splits):
+    """The epilogue in the reduce (splits > 1) and fused into the single-split kernel (num_splits 1)."""
     main_cache = written_cache(256, 64, Fp8Format.OCP, seed=20, device=device)
     main = to(device, *decode_rows([100, 255], 1)[0])
-    q = torch.randn(2, 4, 512, generator=torch.Generator().manual_seed(21)).to(torch.bfloat16).to(device)
+    q = torch.randn(2, heads, 512, generator=torch.Generator().manual_seed(21)).to(torch.bfloat16).to(device)
     theta = torch.randn(512, 32, generator=torch.Generator().manual_seed(22))
     cos_sin = torch.cat([theta.cos(), theta.sin()], dim=1).to(device)
     positions = torch.tensor([100, 255], device=device)
-    fused = dsv4ops.sparse_mla_decode(q, main_cache, *main, 64, main_format="ocp", cos_sin=cos_sin,
-                                      positions=positions)
-    plain = dsv4ops.sparse_mla_decode(q, main_cache, *main, 64, main_format="ocp")
+    fused = dsv4ops.sparse_mla_decode(q, main_cache, *main, 64, main_format="ocp", num_splits=num_splits,
+                                      cos_sin=cos_sin, positions=positions)
+    plain = dsv4ops.sparse_mla_decode(q, main_cache, *main, 64, main_format="ocp", num_splits=num_splits)
     assert torch.equal(fused[..., :448], plain[..., :448])
     torch.testing.assert_close(fused.float(), dsv4ops.inverse_rope(plain, positions, cos_sin).float(), rtol=1e-2,
                                atol=2e-2)
-    got, want = run(q, main, None, (main_cache, None), (Fp8Format.OCP, Fp8Format.OCP), (64, 64), None, cos_sin=cos_sin,
-                    positions=positions)
+    got, want = run(q, main, None, (main_cache, None), (Fp8Format.OCP, Fp8Format.OCP), (64, 64), None, num_splits,
+                    cos_sin=cos_sin, positions=positions)
     assert_close_to_reference(got, want)
 
 

@@ -108,8 +108,11 @@ void sparse_mla_decode(const Tensor& q, const Tensor& main_cache, const Tensor& 
                     tokens);
     STD_TORCH_CHECK(args.heads <= 65535, kOp, ": at most 65535 heads on the GPU, got ", args.heads);
     args.num_splits = gpu::sparse_mla_decode_num_splits(args, static_cast<int>(num_splits));
-    workspace = torch::stable::new_empty(q, {gpu::sparse_mla_workspace_floats(args)}, ScalarType::Float);
-    args.partials = static_cast<float*>(workspace->data_ptr());
+    const int64_t workspace_floats = gpu::sparse_mla_workspace_floats(args);  // 0: one split, no partials
+    if (workspace_floats > 0) {
+      workspace = torch::stable::new_empty(q, {workspace_floats}, ScalarType::Float);
+      args.partials = static_cast<float*>(workspace->data_ptr());
+    }
   }
 #endif
   run_on_device(

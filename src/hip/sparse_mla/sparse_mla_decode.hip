@@ -225,6 +225,8 @@ struct Shared {
   float tables[2][256];  // main, extra
   float scores[kDimParts][kRows][kTileKeys];
   float alpha[kRows];
+  float row_m[kRows];  // one split: the final (m, l) of each head row, for the fused epilogue
+  float row_l[kRows];
   const uint8_t* key_data[kTileKeys];
   const uint8_t* key_scales[kTileKeys];
   int key_table[kTileKeys];
@@ -475,6 +477,71 @@ __global__ void DSV4_SPARSE_MLA_BOUNDS sparse_mla_partial_kernel(SparseMlaDecode
     __syncthreads();
   }
 
+  if (splits == 1) {
+    // One split: the reduce fused here (sink, normalization, inverse RoPE, bf16 out), no partials.
+    if (tid % kThreadsPerRow == 0) {
+      sh.row_m[softmax_row] = m;
+      sh.row_l[softmax_row] = l;
+    }
+    __syncthreads();
+    const int64_t rope_row = args.inverse_rope ? args.rope.row_of(t) : 0;
+#pragma unroll
+    for (int g = 0; g < kGroups; ++g) {
+#pragma unroll
+      for (int r = 0; r < kAccPerTile; ++r) {
+        const int row = g * kHeadsPerBlock + acc_row(lane, r);
+        const int64_t head = h0 + row;
+        float sink = args.sink != nullptr && head < args.heads ? args.sink[head] : -INFINITY;
+        sink = sink != sink ? -INFINITY : sink;
+        const float row_max = fmaxf(sink, sh.row_m[row]);
+        const float weight = expf(sh.row_m[row] - row_max);
+        const float denominator = expf(sink - row_max) + weight * sh.row_l[row];
+        const bool empty = !(denominator > 0.0f) || sink == INFINITY;
+#pragma unroll
+        for (int j = 0; j < kOutTiles; ++j) {
+          acc[g][j].v[r] = empty ? 0.0f : (weight * acc[g][j].v[r]) / denominator;
+        }
+      }
+#pragma unroll
+      for (int j = 0; j < kOutTiles; ++j) {
+        const int tile_dim = warp * kWarpDims + 16 * j;  // warp-uniform: the tile is all NoPE or all RoPE
+        if (args.inverse_rope && tile_dim >= ds_mla::kNopeDim) {
+          float partner[kAccPerTile];  // the value of the other dim of each element's pair (column ^ 1)
+#pragma unroll
+          for (int r = 0; r < kAccPerTile; ++r) {
+#if DSV4_SPARSE_MLA_MFMA_LAYOUT
+            partner[r] = shuffle_xor(acc[g][j].v[r], 1, 16);
+#else
+            partner[r] = acc[g][j].v[r ^ 1];
+#endif
+          }
+#pragma unroll
+          for (int r = 0; r < kAccPerTile; ++r) {
+            const int dim = tile_dim + acc_col(lane, r);
+            const int pair = (dim - ds_mla::kNopeDim) / 2;
+            const bool even = dim % 2 == 0;
+            float a = even ? acc[g][j].v[r] : partner[r];
+            float b = even ? partner[r] : acc[g][j].v[r];
+            rope_unrotate_pair(a, b, args.rope.value(rope_row, pair),
+                               args.rope.value(rope_row, ds_mla::kRopeDim / 2 + pair));
+            acc[g][j].v[r] = even ? a : b;
+          }
+        }
+      }
+#pragma unroll
+      for (int r = 0; r < kAccPerTile; ++r) {
+        const int64_t head = h0 + g * kHeadsPerBlock + acc_row(lane, r);
+        if (head >= args.heads) continue;
+        uint16_t* out_row = args.out + t * args.out_token_stride + head * args.out_head_stride;
+#pragma unroll
+        for (int j = 0; j < kOutTiles; ++j) {
+          out_row[warp * kWarpDims + 16 * j + acc_col(lane, r)] = float_to_bf16_bits(acc[g][j].v[r]);
+        }
+      }
+    }
+    return;
+  }
+
   // The split's partials.
   const int64_t row_base = (t * splits + split) * args.heads;
   float* acc_out = args.partials;
@@ -605,8 +672,11 @@ int sparse_mla_decode_num_splits(const SparseMlaDecodeArgs& args, int requested)
   if (args.tokens <= 0 || args.heads <= 0) return 1;
   const int64_t rows_per_block = heads_per_block(args.heads);
   const int64_t blocks = args.tokens * ((args.heads + rows_per_block - 1) / rows_per_block);
-  const int64_t target = 2 * static_cast<int64_t>(device_multiprocessors());
-  int64_t splits = (target + blocks - 1) / blocks;
+  // Split only rows that leave multiprocessors idle: every split count above 1 also writes and reads
+  // 2 KB of fp32 partials per head and row (more than the keys' bytes at 64 heads and more).
+  const int64_t processors = device_multiprocessors();
+  if (blocks >= processors) return 1;
+  int64_t splits = (2 * processors + blocks - 1) / blocks;
   // Enough keys per split to keep a split's fixed costs (Q fragments, partial write) small.
   const int64_t keys = args.main.index_count + (args.extra.bytes != nullptr ? args.extra.index_count : 0);
   const int64_t per_row = (keys + args.tokens - 1) / args.tokens;
@@ -617,12 +687,12 @@ int sparse_mla_decode_num_splits(const SparseMlaDecodeArgs& args, int requested)
 }
 
 int64_t sparse_mla_workspace_floats(const SparseMlaDecodeArgs& args) {
-  return args.tokens * args.num_splits * args.heads * (kDim + 2);
+  return args.num_splits > 1 ? args.tokens * args.num_splits * args.heads * (kDim + 2) : 0;
 }
 
 LaunchStatus launch_sparse_mla_decode(const SparseMlaDecodeArgs& args, void* stream) {
   if (args.tokens < 0 || args.heads <= 0 || args.num_splits < 1 || args.num_splits > 64 ||
-      args.tokens > 0x7fffffff || args.heads > 65535 || args.partials == nullptr) {
+      args.tokens > 0x7fffffff || args.heads > 65535 || (args.num_splits > 1 && args.partials == nullptr)) {
     return LaunchStatus::kInvalidArgument;
   }
   if (args.tokens == 0) return LaunchStatus::kOk;
@@ -634,7 +704,7 @@ LaunchStatus launch_sparse_mla_decode(const SparseMlaDecodeArgs& args, void* str
                                    ? launch_partial<2>(args, hip_stream)
                                    : launch_partial<1>(args, hip_stream);
 #endif
-  if (partial != LaunchStatus::kOk) return partial;
+  if (partial != LaunchStatus::kOk || args.num_splits == 1) return partial;
   const dim3 reduce_grid(static_cast<unsigned>(args.tokens), static_cast<unsigned>(args.heads));
   hipLaunchKernelGGL(sparse_mla_reduce_kernel, reduce_grid, dim3(kReduceThreads), 0, hip_stream, args);
   return last_launch_status();
