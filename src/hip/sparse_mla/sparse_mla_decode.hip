@@ -136,12 +136,26 @@ DSV4_DEVICE FragB load_b_nmajor(const uint16_t* base, int ld, int lane) {
   return FragB{{*reinterpret_cast<const uint32_t*>(p), *reinterpret_cast<const uint32_t*>(p + 8),
                 *reinterpret_cast<const uint32_t*>(p + 8 * ld), *reinterpret_cast<const uint32_t*>(p + 8 * ld + 8)}};
 }
+// `base` in shared memory, rows 16-byte aligned. ldmatrix .x4 .trans: lane l gives the address of row l % 8
+// of 8x8 matrix l / 8 = (k 0..7 | 8..15) x (n 0..7 | 8..15), k varying fastest; register i then holds
+// matrix i's elements (k 2q, 2q+1; n g), which are B regs 0..3 in the order above.
 DSV4_DEVICE FragB load_b_kmajor(const uint16_t* base, int ld, int lane) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 750
+  const int matrix = lane / 8;
+  const uint16_t* row = base + (8 * (matrix % 2) + lane % 8) * ld + 8 * (matrix / 2);
+  const uint32_t address = static_cast<uint32_t>(__cvta_generic_to_shared(row));
+  FragB b;
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(b.r[0]), "=r"(b.r[1]), "=r"(b.r[2]), "=r"(b.r[3])
+               : "r"(address));
+  return b;
+#else
   const uint16_t* p = base + 2 * (lane % 4) * ld + lane / 4;
   auto pair = [&](int k, int n) {
     return static_cast<uint32_t>(p[k * ld + n]) | (static_cast<uint32_t>(p[(k + 1) * ld + n]) << 16);
   };
   return FragB{{pair(0, 0), pair(8, 0), pair(0, 8), pair(8, 8)}};
+#endif
 }
 DSV4_DEVICE void mma(Acc& c, const FragA& a, const FragB& b) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
