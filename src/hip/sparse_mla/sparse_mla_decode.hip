@@ -47,7 +47,6 @@ constexpr int kProbStride = kTileKeys + 8;  // bf16 per shared P row
 constexpr int kThreadsPerKey = 32;
 constexpr int kKeysPerPass = kThreads / kThreadsPerKey;  // 8
 constexpr int kPasses = kTileKeys / kKeysPerPass;        // 4
-constexpr int kPassesInFlight = 2;  // key loads in flight per thread before they are decoded
 constexpr int kPieceDims = 8;
 constexpr int kHalfDims = kDim / 2;                                       // 256
 constexpr int kFirstRopeLane = (ds_mla::kNopeDim - kHalfDims) / kPieceDims;  // 24
@@ -258,7 +257,20 @@ DSV4_DEVICE uint4 decode_fp8x8(uint2 codes, float block_scale, const float* tabl
   return make_uint4(pairs[0], pairs[1], pairs[2], pairs[3]);
 }
 
-// The block's shared memory for kGroups groups of 16 heads (dynamic shared memory: up to 88 KB).
+// NVIDIA: the next tile's records are copied into shared memory asynchronously (cp.async, sm_80+) while
+// the current tile is computed. The AMD targets load each tile's records straight into registers.
+#if DSV4_SPARSE_MLA_MFMA_LAYOUT
+#define DSV4_SPARSE_MLA_ASYNC_STAGE 0
+constexpr int kPassesInFlight = 2;  // key loads in flight per thread before they are decoded
+#else
+#define DSV4_SPARSE_MLA_ASYNC_STAGE 1
+constexpr int kStageStride = ds_mla::kDataBytes + 16;      // 592: rows stay 16-byte aligned
+constexpr int kStageChunks = ds_mla::kDataBytes / 16;      // 36 copies of 16 bytes a record
+constexpr int kStageThreadsPerKey = kThreads / kTileKeys;  // 8
+#endif
+
+// The block's shared memory for kGroups groups of 16 heads (dynamic shared memory: up to 107 KB on
+// NVIDIA, two blocks a multiprocessor; 57 KB on AMD).
 template <int kGroups>
 struct Shared {
   static constexpr int kRows = kGroups * kHeadsPerBlock;
@@ -273,6 +285,12 @@ struct Shared {
   const uint8_t* key_data[kTileKeys];
   const uint8_t* key_scales[kTileKeys];
   int key_table[kTileKeys];
+#if DSV4_SPARSE_MLA_ASYNC_STAGE
+  // The next tile's raw records (576 data bytes, then the 8 scale bytes), copied in while this tile is
+  // computed, and their tables (< 0: no key).
+  alignas(16) uint8_t stage[kTileKeys * kStageStride];
+  int stage_table[kTileKeys];
+#endif
 };
 
 // Slot of position p (< the row's count) of row t's key list, its cache, and whether it may be read.
@@ -292,16 +310,14 @@ DSV4_DEVICE void locate_key(const SparseMlaDecodeArgs& args, int64_t main_begin,
   sh.key_table[i] = table;
 }
 
-template <class Sh>
-DSV4_DEVICE KeyLoad load_key(const Sh& sh, int key, int lane) {
+// One thread's share of a record at data / scales (global or shared memory); table < 0: no key.
+DSV4_DEVICE KeyLoad load_key(const uint8_t* data, const uint8_t* scales, int table, int lane) {
   KeyLoad load;
-  load.table = sh.key_table[key];
+  load.table = table;
   load.low = make_uint2(0, 0);
   load.high = make_uint4(0, 0, 0, 0);
   load.scales = 0;
   if (load.table < 0) return load;
-  const uint8_t* data = sh.key_data[key];
-  const uint8_t* scales = sh.key_scales[key];
   load.low = *reinterpret_cast<const uint2*>(data + lane * kPieceDims);
   load.scales = scales[lane * kPieceDims / ds_mla::kQuantBlock];
   if (lane < kFirstRopeLane) {
@@ -331,6 +347,67 @@ DSV4_DEVICE void store_key(const KeyLoad& load, uint16_t* row, int lane, const f
   *reinterpret_cast<uint4*>(row + lane * kPieceDims) = low;
   *reinterpret_cast<uint4*>(row + kHalfDims + lane * kPieceDims) = high;
 }
+
+#if DSV4_SPARSE_MLA_ASYNC_STAGE
+// Asynchronous global -> shared copies (sm_80+; a plain copy elsewhere, never used there: no mma.sync).
+DSV4_DEVICE void copy_async_16(uint8_t* shared_dst, const uint8_t* global_src) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  const uint32_t dst = static_cast<uint32_t>(__cvta_generic_to_shared(shared_dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(global_src) : "memory");
+#else
+  *reinterpret_cast<uint4*>(shared_dst) = *reinterpret_cast<const uint4*>(global_src);
+#endif
+}
+DSV4_DEVICE void copy_async_8(uint8_t* shared_dst, const uint8_t* global_src) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  const uint32_t dst = static_cast<uint32_t>(__cvta_generic_to_shared(shared_dst));
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 8;\n" ::"r"(dst), "l"(global_src) : "memory");
+#else
+  *reinterpret_cast<uint2*>(shared_dst) = *reinterpret_cast<const uint2*>(global_src);
+#endif
+}
+DSV4_DEVICE void copy_async_commit() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+#endif
+}
+DSV4_DEVICE void copy_async_wait_all() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+#endif
+}
+
+// Starts the copies of the records at positions [tile, tile + 32) (< last) of the row's key list into the
+// stage: 8 threads per key look up its slot (each the same index), then copy 4 or 5 chunks of 16 bytes;
+// one of them the 8 scale bytes. Invalid slots are marked and never read.
+template <class Sh>
+DSV4_DEVICE void stage_tile(const SparseMlaDecodeArgs& args, int64_t main_begin, int64_t main_count,
+                            int64_t extra_begin, int64_t tile, int64_t last, Sh& sh, int tid) {
+  const int key = tid / kStageThreadsPerKey;
+  const int sub = tid % kStageThreadsPerKey;
+  const int64_t p = tile + key;
+  int table = -1;
+  const uint8_t* data = nullptr;
+  const uint8_t* scales = nullptr;
+  if (p < last) {
+    const bool from_main = p < main_count;
+    const SparseKeySource& source = from_main ? args.main : args.extra;
+    const int64_t slot =
+        from_main ? source.indices[main_begin + p] : source.indices[extra_begin + p - main_count];
+    if (slot >= 0 && slot < source.capacity()) {
+      const ds_mla::RecordAddress address = ds_mla::record_address(slot, source.block_size, source.block_stride);
+      data = source.bytes + address.data;
+      scales = source.bytes + address.scale;
+      table = from_main ? 0 : 1;
+    }
+  }
+  if (sub == 0) sh.stage_table[key] = table;
+  if (table < 0) return;
+  uint8_t* dst = sh.stage + key * kStageStride;
+  for (int c = sub; c < kStageChunks; c += kStageThreadsPerKey) copy_async_16(dst + 16 * c, data + 16 * c);
+  if (sub == kStageThreadsPerKey - 1) copy_async_8(dst + ds_mla::kDataBytes, scales);
+}
+#endif
 
 // Two blocks per multiprocessor on NVIDIA (at most 128 registers a thread): one block's MMA work hides
 // the other's record loads and barriers.
@@ -404,7 +481,30 @@ __global__ void DSV4_SPARSE_MLA_BOUNDS sparse_mla_partial_kernel(SparseMlaDecode
   const int key_lane = tid % kThreadsPerKey;
   const int key_group = tid / kThreadsPerKey;
 
+#if DSV4_SPARSE_MLA_ASYNC_STAGE
+  if (first < last) stage_tile(args, main_begin, main_count, extra_begin, first, last, sh, tid);
+  copy_async_commit();
+#endif
   for (int64_t tile = first; tile < last; tile += kTileKeys) {
+#if DSV4_SPARSE_MLA_ASYNC_STAGE
+    // This tile's records are in the stage (and the previous tile's compute is done): decode them into
+    // the key tile, then start copying the next tile's records.
+    copy_async_wait_all();
+    __syncthreads();
+    if (tid < kTileKeys) sh.key_table[tid] = sh.stage_table[tid];
+#pragma unroll
+    for (int pass = 0; pass < kPasses; ++pass) {
+      const int key = pass * kKeysPerPass + key_group;
+      const uint8_t* record = sh.stage + key * kStageStride;
+      store_key(load_key(record, record + ds_mla::kDataBytes, sh.stage_table[key], key_lane),
+                sh.keys + key * kKeyStride, key_lane, sh.tables);
+    }
+    __syncthreads();
+    if (tile + kTileKeys < last) {
+      stage_tile(args, main_begin, main_count, extra_begin, tile + kTileKeys, last, sh, tid);
+    }
+    copy_async_commit();
+#else
     if (tid < kTileKeys) {
       if (tile + tid < last) {
         locate_key(args, main_begin, main_count, extra_begin, tile + tid, sh, tid);
@@ -418,7 +518,8 @@ __global__ void DSV4_SPARSE_MLA_BOUNDS sparse_mla_partial_kernel(SparseMlaDecode
       KeyLoad loads[kPassesInFlight];
 #pragma unroll
       for (int i = 0; i < kPassesInFlight; ++i) {
-        loads[i] = load_key(sh, (batch + i) * kKeysPerPass + key_group, key_lane);
+        const int key = (batch + i) * kKeysPerPass + key_group;
+        loads[i] = load_key(sh.key_data[key], sh.key_scales[key], sh.key_table[key], key_lane);
       }
 #pragma unroll
       for (int i = 0; i < kPassesInFlight; ++i) {
@@ -426,6 +527,7 @@ __global__ void DSV4_SPARSE_MLA_BOUNDS sparse_mla_partial_kernel(SparseMlaDecode
       }
     }
     __syncthreads();
+#endif
 
     // Partial scores of this warp: keys [16 key_half, +16) over dims [part * kPartDims, +kPartDims), for
     // every head group (one K^T fragment load serves them all).
