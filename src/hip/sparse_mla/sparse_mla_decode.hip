@@ -1,25 +1,29 @@
 // dsv4::sparse_mla_decode on the GPU (spec/sparse_mla_decode.md §3-§4): split-K flash decoding over the
 // fp8_ds_mla SWA ("main") and compressed ("extra") caches.
 //
-// Partial kernel: one block of 256 threads per (query row t, group of 16 heads, split s). Split s walks
-// positions [n*s/S, n*(s+1)/S) of the row's key list (its main indices, then its extra indices; n = both
-// counts). Per tile of 32 positions:
-//   1. 32 threads look up the slots; negative or out-of-cache slots are marked invalid and never read;
-//      record addresses in int64 (ds_mla::record_address).
+// Partial kernel: one block of 256 threads per (query row t, block of 16 heads, or 32 on NVIDIA when
+// H > 16, split s). Heads are the MMA M dimension (rows of heads >= H are zero and never written). Split
+// s walks positions [n*s/S, n*(s+1)/S) of the row's key list (its main indices, then its extra indices;
+// n = both counts), 32 positions a tile:
+//   1. Slot lookup: negative or out-of-cache slots are marked invalid and never read; record addresses
+//      in int64 (ds_mla::record_address). NVIDIA copies the next tile's raw records into a shared stage
+//      with cp.async while the current tile is computed; AMD loads each tile's records into registers.
 //   2. 32 threads per key decode the record into a bf16 [32, 512] shared tile: NoPE bytes through a
 //      256-entry table of the cache's own encoding times the block's UE8M0 scale, the RoPE tail copied,
 //      every non-finite value replaced by 0 (the CPU kernel's values exactly).
-//   3. S = Q K^T on the matrix units: heads are the M dimension (16, heads >= H masked to zero rows).
-//      Each warp computes a 16x16 tile of S over its share of the 512 dims; the shares are summed in
+//   3. S = Q K^T on the matrix units (Q in shared memory): warp w computes the 16x16 S tiles of keys
+//      [16 (w % 2), +16) over a slice of the 512 dims for every head group; the slices are summed in
 //      shared memory.
-//   4. Online softmax per head in fp32 (m, l); P rounded once to bf16 (l sums the rounded values).
+//   4. Online softmax per head row in fp32 (m, l); P rounded once to bf16 (l sums the rounded values).
 //   5. acc = acc * alpha + P V with V = K (all 512 dims), each warp owning 512 / warps output dims.
-// At the end the split's (m, l, acc[512]) go to the fp32 workspace (an empty split: m = -FLT_MAX, l = 0).
-// Reduce kernel: one block per (t, head): folds the splits in index order, adds the sink to the
-// denominator only, optionally rotates dims 448..511 back (inverse GPT-J RoPE), writes bf16.
+// One split: the reduce is fused at the end (sink, normalization, inverse RoPE, bf16 out). Several: the
+// split's (m, l, acc[512]) go to the fp32 workspace (an empty split: m = -FLT_MAX, l = 0), and the
+// reduce kernel (one block per (t, head)) folds the splits in index order, adds the sink to the
+// denominator only, optionally rotates dims 448..511 back (inverse GPT-J RoPE) and writes bf16.
 //
 // Matrix instructions: NVIDIA mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 (two per 16x16x16
-// step); gfx942/gfx950 (and gfx90a) __builtin_amdgcn_mfma_f32_16x16x16bf16_1k.
+// step; fragments through ldmatrix.x4, .trans for V); gfx942/gfx950 (and gfx90a)
+// __builtin_amdgcn_mfma_f32_16x16x16bf16_1k (v_mfma_f32_16x16x16_bf16).
 #include <cfloat>
 
 #include "dsv4/bf16.h"
