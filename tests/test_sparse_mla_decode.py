@@ -458,3 +458,21 @@ def test_gpu_graph_capture_on_a_side_stream():
     _, want = run(fresh, main, extra, (main_cache, extra_cache), (Fp8Format.OCP, Fp8Format.OCP), (64, 16), sink, 0,
                   device="cuda")
     assert_close_to_reference(out, want)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_strided_q_and_out(device):
+    """q and out as views with odd head strides (the kernel's element-wise path) give the contiguous
+    call's bits."""
+    main_cache = written_cache(200, 64, Fp8Format.OCP, seed=100, device=device)
+    main = to(device, *decode_rows([150, 199], 1)[0])
+    q = torch.randn(2, 20, 512, generator=torch.Generator().manual_seed(101)).to(torch.bfloat16).to(device)
+    q_view = torch.zeros(2, 20, 513, dtype=torch.bfloat16, device=device)[..., :512]
+    q_view.copy_(q)
+    out_view = torch.zeros(2, 20, 515, dtype=torch.bfloat16, device=device)[..., 1:513]
+    for splits in (1, 2):
+        want = dsv4ops.sparse_mla_decode(q, main_cache, *main, 64, main_format="ocp", num_splits=splits)
+        got = dsv4ops.sparse_mla_decode(q_view, main_cache, *main, 64, main_format="ocp", num_splits=splits,
+                                        out=out_view)
+        assert got.data_ptr() == out_view.data_ptr()
+        assert torch.equal(got, want)

@@ -446,11 +446,22 @@ __global__ void DSV4_SPARSE_MLA_BOUNDS sparse_mla_partial_kernel(SparseMlaDecode
   }
   {
     const uint16_t* q_row = args.q + t * args.q_token_stride;
-    for (int i = tid; i < kRows * kDim; i += kThreads) {
-      const int row = i / kDim;
-      const int dim = i % kDim;
-      const int64_t head = h0 + row;
-      sh.q[row * kKeyStride + dim] = head < args.heads ? q_row[head * args.q_head_stride + dim] : uint16_t{0};
+    if (is_aligned(q_row, 16) && args.q_head_stride % 8 == 0) {  // the usual contiguous q: 16-byte loads
+      for (int i = tid; i < kRows * kDim / 8; i += kThreads) {
+        const int row = i / (kDim / 8);
+        const int dim = i % (kDim / 8) * 8;
+        const int64_t head = h0 + row;
+        *reinterpret_cast<uint4*>(sh.q + row * kKeyStride + dim) =
+            head < args.heads ? *reinterpret_cast<const uint4*>(q_row + head * args.q_head_stride + dim)
+                              : make_uint4(0, 0, 0, 0);
+      }
+    } else {
+      for (int i = tid; i < kRows * kDim; i += kThreads) {
+        const int row = i / kDim;
+        const int dim = i % kDim;
+        const int64_t head = h0 + row;
+        sh.q[row * kKeyStride + dim] = head < args.heads ? q_row[head * args.q_head_stride + dim] : uint16_t{0};
+      }
     }
   }
 
