@@ -78,3 +78,13 @@ add_test(NAME device_sm_90a_indexer_fp8_mma
          COMMAND ${_checker} expect-instruction mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32
                  ${_check_dir}/indexer_logits.sm_90a.ptx)
 # ---- end indexer ----
+# ---- sparse_mla (issue 7): the split-K decode kernel runs S = Q K^T and P V on the matrix units ----
+foreach(_arch gfx942 gfx950)
+  add_test(NAME device_${_arch}_sparse_mla_mfma_instruction
+           COMMAND ${_checker} expect-instruction v_mfma_f32_16x16x16_bf16
+                   ${_check_dir}/sparse_mla_decode.${_arch}.s)
+endforeach()
+add_test(NAME device_sm_90a_sparse_mla_mma_instruction
+         COMMAND ${_checker} expect-instruction mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32
+                 ${_check_dir}/sparse_mla_decode.sm_90a.ptx)
+# ---- end sparse_mla ----

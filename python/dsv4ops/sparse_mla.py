@@ -1,5 +1,6 @@
 """Sparse MLA decode over the fp8_ds_mla caches (spec/sparse_mla_decode.md): the public wrapper over
-torch.ops.dsv4.sparse_mla_decode with reference fallback.
+torch.ops.dsv4.sparse_mla_decode (CPU kernel; GPU split-K kernel on the matrix units) with reference
+fallback.
 
 The SWA ("main") cache is in the platform's encoding by default (FNUZ on gfx942, OCP elsewhere); the
 compressed ("extra") cache is OCP on every platform. Each cache must be read with its writer's encoding:

@@ -1,11 +1,16 @@
-// Binding of dsv4.sparse_mla_decode (schema in schemas.cpp; spec/sparse_mla_decode.md). CPU kernel only for
-// now: on a GPU the Python layer serves the op with the reference (dsv4ops.dispatch sees no kernel there).
+// Binding of dsv4.sparse_mla_decode (schema in schemas.cpp; spec/sparse_mla_decode.md): the same checked
+// entry point for the CPU kernel and the GPU split-K kernels (src/hip/sparse_mla/), the latter on the
+// current stream with an fp32 partials workspace allocated here.
 #include <cmath>
+#include <limits>
 #include <optional>
 
 #include "common.h"
 #include "cpu/sparse_mla/sparse_mla_cpu.h"
 #include "ds_mla_cache.h"
+#if defined(DSV4OPS_WITH_GPU)
+#include "sparse_mla/sparse_mla_launchers.h"
+#endif
 
 namespace dsv4::bindings {
 namespace {
@@ -96,9 +101,24 @@ void sparse_mla_decode(const Tensor& q, const Tensor& main_cache, const Tensor& 
   args.out_head_stride = out.stride(1);
   args.tokens = tokens;
   args.heads = q.size(1);
+  std::optional<Tensor> workspace;  // keeps the GPU partials alive until the kernels are enqueued
+#if defined(DSV4OPS_WITH_GPU)
+  if (!q.is_cpu() && tokens > 0 && args.heads > 0) {
+    STD_TORCH_CHECK(tokens <= std::numeric_limits<int32_t>::max(), kOp, ": at most 2^31 - 1 query rows, got ",
+                    tokens);
+    STD_TORCH_CHECK(args.heads <= 65535, kOp, ": at most 65535 heads on the GPU, got ", args.heads);
+    args.num_splits = gpu::sparse_mla_decode_num_splits(args, static_cast<int>(num_splits));
+    const int64_t workspace_floats = gpu::sparse_mla_workspace_floats(args);  // 0: one split, no partials
+    if (workspace_floats > 0) {
+      workspace = torch::stable::new_empty(q, {workspace_floats}, ScalarType::Float);
+      args.partials = static_cast<float*>(workspace->data_ptr());
+    }
+  }
+#endif
   run_on_device(
-      q, tokens, kOp, [&](int64_t b, int64_t e) { cpu::sparse_mla_decode(args, b, e); },
-      [&]([[maybe_unused]] void* stream) { return LaunchStatus::kInvalidArgument; }, /*cpu_grain=*/1);
+      q, args.heads > 0 ? tokens : 0, kOp, [&](int64_t b, int64_t e) { cpu::sparse_mla_decode(args, b, e); },
+      [&]([[maybe_unused]] void* stream) { return DSV4_GPU_LAUNCH(gpu::launch_sparse_mla_decode(args, stream)); },
+      /*cpu_grain=*/1);
 }
 
 void register_sparse_mla_ops(torch::stable::detail::StableLibrary& m) {
@@ -109,3 +129,7 @@ void register_sparse_mla_ops(torch::stable::detail::StableLibrary& m) {
 }  // namespace dsv4::bindings
 
 STABLE_TORCH_LIBRARY_IMPL(dsv4, CPU, m) { dsv4::bindings::register_sparse_mla_ops(m); }
+
+#if defined(DSV4OPS_WITH_GPU)
+STABLE_TORCH_LIBRARY_IMPL(dsv4, CUDA, m) { dsv4::bindings::register_sparse_mla_ops(m); }
+#endif

@@ -1,5 +1,5 @@
 // Arguments of dsv4.sparse_mla_decode (spec/sparse_mla_decode.md). Torch-free; the bindings validate every
-// field first. (CPU implementation only so far: the GPU kernel is still to come.)
+// field first. Shared by the CPU kernel and the GPU launchers (sparse_mla_launchers.h).
 #pragma once
 
 #include "dsv4/fp8.h"
@@ -44,6 +44,9 @@ struct SparseMlaDecodeArgs {
   int64_t out_head_stride;
   int64_t tokens;
   int64_t heads;
+  // GPU only: fp32 split partials, [tokens, num_splits, heads, 512] accumulators followed by
+  // [tokens, num_splits, heads, 2] (m, l) pairs (the launcher's workspace; null on the CPU).
+  float* partials;
 };
 
 }  // namespace dsv4

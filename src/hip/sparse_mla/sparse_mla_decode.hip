@@ -1,0 +1,873 @@
+// dsv4::sparse_mla_decode on the GPU (spec/sparse_mla_decode.md §3-§4): split-K flash decoding over the
+// fp8_ds_mla SWA ("main") and compressed ("extra") caches.
+//
+// Partial kernel: one block of 256 threads per (query row t, block of 16 heads, or 32 on NVIDIA when
+// H > 16, split s). Heads are the MMA M dimension (rows of heads >= H are zero and never written). Split
+// s walks positions [n*s/S, n*(s+1)/S) of the row's key list (its main indices, then its extra indices;
+// n = both counts), 32 positions a tile:
+//   1. Slot lookup: negative or out-of-cache slots are marked invalid and never read; record addresses
+//      in int64 (ds_mla::record_address). NVIDIA copies the next tile's raw records into a shared stage
+//      with cp.async while the current tile is computed; AMD loads each tile's records into registers.
+//   2. 32 threads per key decode the record into a bf16 [32, 512] shared tile: NoPE bytes through a
+//      256-entry table of the cache's own encoding times the block's UE8M0 scale, the RoPE tail copied,
+//      every non-finite value replaced by 0 (the CPU kernel's values exactly).
+//   3. S = Q K^T on the matrix units (Q in shared memory): warp w computes the 16x16 S tiles of keys
+//      [16 (w % 2), +16) over a slice of the 512 dims for every head group; the slices are summed in
+//      shared memory.
+//   4. Online softmax per head row in fp32 (m, l); P rounded once to bf16 (l sums the rounded values).
+//   5. acc = acc * alpha + P V with V = K (all 512 dims), each warp owning 512 / warps output dims.
+// One split: the reduce is fused at the end (sink, normalization, inverse RoPE, bf16 out). Several: the
+// split's (m, l, acc[512]) go to the fp32 workspace (an empty split: m = -FLT_MAX, l = 0), and the
+// reduce kernel (one block per (t, head)) folds the splits in index order, adds the sink to the
+// denominator only, optionally rotates dims 448..511 back (inverse GPT-J RoPE) and writes bf16.
+//
+// Matrix instructions: NVIDIA mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 (two per 16x16x16
+// step; fragments through ldmatrix.x4, .trans for V); gfx942/gfx950 (and gfx90a)
+// __builtin_amdgcn_mfma_f32_16x16x16bf16_1k (v_mfma_f32_16x16x16_bf16).
+#include <cfloat>
+
+#include "dsv4/bf16.h"
+#include "dsv4/ds_mla.h"
+#include "dsv4/launch.h"
+#include "dsv4/rope.h"
+#include "dsv4/ue8m0.h"
+#include "sparse_mla/sparse_mla_launchers.h"
+
+#if defined(__HIP_PLATFORM_AMD__) || defined(__AMDGCN__)
+#define DSV4_SPARSE_MLA_MFMA_LAYOUT 1  // wave64, 16x16x16 MFMA fragments
+#else
+#define DSV4_SPARSE_MLA_MFMA_LAYOUT 0  // warp32, m16n8k16 mma.sync fragments
+#endif
+
+namespace dsv4::gpu {
+namespace {
+
+constexpr int kDim = ds_mla::kHeadDim;  // 512
+constexpr int kThreads = 256;
+constexpr int kHeadsPerBlock = 16;  // the MMA M dimension
+constexpr int kTileKeys = 32;
+constexpr int kKeyStride = kDim + 8;      // bf16 per shared key row: 1040 bytes, rows 4 banks apart
+constexpr int kProbStride = kTileKeys + 8;  // bf16 per shared P row
+constexpr int kThreadsPerKey = 32;
+constexpr int kKeysPerPass = kThreads / kThreadsPerKey;  // 8
+constexpr int kPasses = kTileKeys / kKeysPerPass;        // 4
+constexpr int kPieceDims = 8;
+constexpr int kHalfDims = kDim / 2;                                       // 256
+constexpr int kFirstRopeLane = (ds_mla::kNopeDim - kHalfDims) / kPieceDims;  // 24
+constexpr int kReduceThreads = kDim / 4;                                  // 128, 4 dims each
+constexpr int kMaxAutoSplits = 32;
+constexpr int kKeysPerSplitMin = 64;
+
+static_assert(kTileKeys == 32 && kKeysPerPass * kPasses == kTileKeys, "tile shape");
+
+#if DSV4_GPU_COMPILER
+
+// ---- 16x16x16 bf16 MMA step on one warp: C[16x16] += A[16x16] B[16x16] -------------------------------
+// A is row-major (rows = heads, k contiguous). B element (k, n) comes from shared memory either
+// "n-major" (base[n * ld + k], the key tile read as K^T) or "k-major" (base[k * ld + n], the key tile
+// read as V).
+#if DSV4_SPARSE_MLA_MFMA_LAYOUT
+// gfx9 MFMA 16x16x16 bf16, wave64: lane l holds A[l % 16][4 (l / 16) + j] and B[4 (l / 16) + j][l % 16]
+// (j = 0..3, element j in bits 16j..16j+15 of the 64-bit operand), and D[4 (l / 16) + r][l % 16] in
+// accumulator r (0..3).
+constexpr int kAccPerTile = 4;
+typedef short Bf16x4 __attribute__((ext_vector_type(4)));
+typedef float Floatx4 __attribute__((ext_vector_type(4)));
+struct FragA { uint32_t r[2]; };
+struct FragB { uint32_t r[2]; };
+struct Acc { float v[4]; };
+
+DSV4_DEVICE int acc_row(int lane, int r) { return 4 * (lane / 16) + r; }
+DSV4_DEVICE int acc_col(int lane, int r) { return lane % 16; }
+
+DSV4_DEVICE FragA load_a(const uint16_t* base, int ld, int lane) {
+  const uint2 v = *reinterpret_cast<const uint2*>(base + (lane % 16) * ld + 4 * (lane / 16));
+  return FragA{{v.x, v.y}};
+}
+DSV4_DEVICE FragB load_b_nmajor(const uint16_t* base, int ld, int lane) {
+  const uint2 v = *reinterpret_cast<const uint2*>(base + (lane % 16) * ld + 4 * (lane / 16));
+  return FragB{{v.x, v.y}};
+}
+DSV4_DEVICE FragB load_b_kmajor(const uint16_t* base, int ld, int lane) {
+  const uint16_t* p = base + 4 * (lane / 16) * ld + lane % 16;
+  return FragB{{static_cast<uint32_t>(p[0]) | (static_cast<uint32_t>(p[ld]) << 16),
+                static_cast<uint32_t>(p[2 * ld]) | (static_cast<uint32_t>(p[3 * ld]) << 16)}};
+}
+DSV4_DEVICE void mma(Acc& c, const FragA& a, const FragB& b) {
+#if defined(__gfx942__) || defined(__gfx950__) || defined(__gfx90a__)
+  Bf16x4 av, bv;
+  av[0] = static_cast<short>(a.r[0] & 0xffffu);
+  av[1] = static_cast<short>(a.r[0] >> 16);
+  av[2] = static_cast<short>(a.r[1] & 0xffffu);
+  av[3] = static_cast<short>(a.r[1] >> 16);
+  bv[0] = static_cast<short>(b.r[0] & 0xffffu);
+  bv[1] = static_cast<short>(b.r[0] >> 16);
+  bv[2] = static_cast<short>(b.r[1] & 0xffffu);
+  bv[3] = static_cast<short>(b.r[1] >> 16);
+  Floatx4 cv = {c.v[0], c.v[1], c.v[2], c.v[3]};
+  cv = __builtin_amdgcn_mfma_f32_16x16x16bf16_1k(av, bv, cv, 0, 0, 0);
+  c.v[0] = cv[0];
+  c.v[1] = cv[1];
+  c.v[2] = cv[2];
+  c.v[3] = cv[3];
+#else
+  (void)c, (void)a, (void)b;
+  __builtin_trap();  // no bf16 MFMA on this target
+#endif
+}
+#else
+// NVIDIA m16n8k16 (PTX ISA, "Matrix Fragments for mma.m16n8k16"), g = lane / 4, q = lane % 4:
+// A regs a0..a3 = (row g, k 2q..2q+1), (row g+8, k 2q..), (row g, k 2q+8..), (row g+8, k 2q+8..);
+// B regs b0, b1 = (k 2q..2q+1, n g), (k 2q+8..2q+9, n g); C c0..c3 = (row g, n 2q..2q+1), (row g+8,
+// n 2q..2q+1). Lower k (or n) in the low half. A 16-wide n tile is two n8 MMAs: accumulators 0..3
+// cover n 0..7, 4..7 cover n 8..15; B regs 0, 1 and 2, 3 likewise.
+constexpr int kAccPerTile = 8;
+struct FragA { uint32_t r[4]; };
+struct FragB { uint32_t r[4]; };
+struct Acc { float v[8]; };
+
+DSV4_DEVICE int acc_row(int lane, int r) { return lane / 4 + 8 * ((r % 4) / 2); }
+DSV4_DEVICE int acc_col(int lane, int r) { return 8 * (r / 4) + 2 * (lane % 4) + (r % 2); }
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 750
+// ldmatrix .x4 (no transpose): lane l gives the address of row l % 8 of 8x8 matrix l / 8 (the callers
+// place the four matrices); register i then holds matrix i's elements (row g, cols 2q, 2q+1). `row`
+// must point into shared memory, 16-byte aligned.
+DSV4_DEVICE void ldmatrix_x4(uint32_t (&r)[4], const uint16_t* row) {
+  const uint32_t address = static_cast<uint32_t>(__cvta_generic_to_shared(row));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(address));
+}
+#endif
+
+// A from shared memory: matrices (rows 0..7 | 8..15) x (k 0..7 | 8..15), rows varying fastest: a0..a3.
+DSV4_DEVICE FragA load_a(const uint16_t* base, int ld, int lane) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 750
+  const int matrix = lane / 8;
+  FragA a;
+  ldmatrix_x4(a.r, base + (8 * (matrix % 2) + lane % 8) * ld + 8 * (matrix / 2));
+  return a;
+#else
+  const uint16_t* p = base + (lane / 4) * ld + 2 * (lane % 4);
+  return FragA{{*reinterpret_cast<const uint32_t*>(p), *reinterpret_cast<const uint32_t*>(p + 8 * ld),
+                *reinterpret_cast<const uint32_t*>(p + 8), *reinterpret_cast<const uint32_t*>(p + 8 * ld + 8)}};
+#endif
+}
+// B stored n-major (rows = n, k contiguous): matrices (n 0..7 | 8..15) x (k 0..7 | 8..15), k varying
+// fastest: B regs 0..3.
+DSV4_DEVICE FragB load_b_nmajor(const uint16_t* base, int ld, int lane) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 750
+  const int matrix = lane / 8;
+  FragB b;
+  ldmatrix_x4(b.r, base + (8 * (matrix / 2) + lane % 8) * ld + 8 * (matrix % 2));
+  return b;
+#else
+  const uint16_t* p = base + (lane / 4) * ld + 2 * (lane % 4);
+  return FragB{{*reinterpret_cast<const uint32_t*>(p), *reinterpret_cast<const uint32_t*>(p + 8),
+                *reinterpret_cast<const uint32_t*>(p + 8 * ld), *reinterpret_cast<const uint32_t*>(p + 8 * ld + 8)}};
+#endif
+}
+// `base` in shared memory, rows 16-byte aligned. ldmatrix .x4 .trans: lane l gives the address of row l % 8
+// of 8x8 matrix l / 8 = (k 0..7 | 8..15) x (n 0..7 | 8..15), k varying fastest; register i then holds
+// matrix i's elements (k 2q, 2q+1; n g), which are B regs 0..3 in the order above.
+DSV4_DEVICE FragB load_b_kmajor(const uint16_t* base, int ld, int lane) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 750
+  const int matrix = lane / 8;
+  const uint16_t* row = base + (8 * (matrix % 2) + lane % 8) * ld + 8 * (matrix / 2);
+  const uint32_t address = static_cast<uint32_t>(__cvta_generic_to_shared(row));
+  FragB b;
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(b.r[0]), "=r"(b.r[1]), "=r"(b.r[2]), "=r"(b.r[3])
+               : "r"(address));
+  return b;
+#else
+  const uint16_t* p = base + 2 * (lane % 4) * ld + lane / 4;
+  auto pair = [&](int k, int n) {
+    return static_cast<uint32_t>(p[k * ld + n]) | (static_cast<uint32_t>(p[(k + 1) * ld + n]) << 16);
+  };
+  return FragB{{pair(0, 0), pair(8, 0), pair(0, 8), pair(8, 8)}};
+#endif
+}
+DSV4_DEVICE void mma(Acc& c, const FragA& a, const FragB& b) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(c.v[4 * h + 0]), "+f"(c.v[4 * h + 1]), "+f"(c.v[4 * h + 2]), "+f"(c.v[4 * h + 3])
+        : "r"(a.r[0]), "r"(a.r[1]), "r"(a.r[2]), "r"(a.r[3]), "r"(b.r[2 * h]), "r"(b.r[2 * h + 1]));
+  }
+#else
+  (void)c, (void)a, (void)b;
+  __trap();  // no bf16 mma.sync before sm_80
+#endif
+}
+#endif
+
+constexpr int kWarps = kThreads / kWarpSize;        // 8 NVIDIA, 4 AMD
+constexpr int kDimParts = kWarps / 2;               // S: 2 key halves x kDimParts dim slices
+constexpr int kPartDims = kDim / kDimParts;         // 128 NVIDIA, 256 AMD
+constexpr int kScoreSteps = kPartDims / 16;
+constexpr int kWarpDims = kDim / kWarps;            // P V: output dims per warp, 64 / 128
+constexpr int kOutTiles = kWarpDims / 16;
+static_assert(kWarps % 2 == 0 && kTileKeys == 2 * 16, "two 16-key halves of the tile");
+
+// ---- key decode ---------------------------------------------------------------------------------------
+// One thread's loads of one key (32 threads per key): 8 NoPE bytes of the first half, and 8 NoPE bytes of
+// the second half (lanes 0..23) or 16 RoPE bytes (lanes 24..31), with the two block scales.
+struct KeyLoad {
+  uint2 low;
+  uint4 high;
+  uint32_t scales;  // low scale byte | high scale byte << 8
+  int table;        // < 0: no key (zeros)
+};
+
+// The 256-entry decode table of a cache's encoding. FNUZ 0x80 (a NaN there) reads +0, as ds_mla's
+// dequantize_nope_value does; any NaN product is scrubbed afterwards anyway.
+DSV4_DEVICE float table_value(Fp8Format format, uint8_t code) {
+  if (format == Fp8Format::kFNUZ) return code == 0x80u ? 0.0f : fp8_decode<Fp8Format::kFNUZ>(code);
+  return fp8_decode<Fp8Format::kOCP>(code);
+}
+
+// bf16 bits with every non-finite value (exponent all ones) replaced by +0: the spec's NaN scrub.
+DSV4_DEVICE uint32_t scrub_bf16(uint32_t bits) { return (bits & 0x7f80u) == 0x7f80u ? 0u : bits; }
+
+DSV4_DEVICE uint32_t scrub_bf16x2(uint32_t word) {
+  return scrub_bf16(word & 0xffffu) | (scrub_bf16(word >> 16) << 16);
+}
+
+// Two fp32 values to bf16 (round to nearest even; low half = first), then scrubbed. sm_90 has the
+// conversion instruction; elsewhere the shared software rounding (the same bits for every non-NaN value,
+// and NaN is scrubbed to 0 either way).
+DSV4_DEVICE uint32_t bf16x2_scrubbed(float low, float high) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  uint32_t packed;
+  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(packed) : "f"(high), "f"(low));
+  return scrub_bf16x2(packed);
+#else
+  return scrub_bf16(float_to_bf16_bits(low)) | (scrub_bf16(float_to_bf16_bits(high)) << 16);
+#endif
+}
+
+DSV4_DEVICE uint4 decode_fp8x8(uint2 codes, float block_scale, const float* table) {
+  const uint32_t words[2] = {codes.x, codes.y};
+  uint32_t pairs[4];
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const uint32_t word = words[j / 2] >> (16 * (j % 2));
+    pairs[j] = bf16x2_scrubbed(table[word & 0xffu] * block_scale, table[(word >> 8) & 0xffu] * block_scale);
+  }
+  return make_uint4(pairs[0], pairs[1], pairs[2], pairs[3]);
+}
+
+// NVIDIA: the next tile's records are copied into shared memory asynchronously (cp.async, sm_80+) while
+// the current tile is computed. The AMD targets load each tile's records straight into registers.
+#if DSV4_SPARSE_MLA_MFMA_LAYOUT
+#define DSV4_SPARSE_MLA_ASYNC_STAGE 0
+constexpr int kPassesInFlight = 2;  // key loads in flight per thread before they are decoded
+#else
+#define DSV4_SPARSE_MLA_ASYNC_STAGE 1
+constexpr int kStageStride = ds_mla::kDataBytes + 16;      // 592: rows stay 16-byte aligned
+constexpr int kStageChunks = ds_mla::kDataBytes / 16;      // 36 copies of 16 bytes a record
+constexpr int kStageThreadsPerKey = kThreads / kTileKeys;  // 8
+#endif
+
+// The block's shared memory for kGroups groups of 16 heads (dynamic shared memory: up to 107 KB on
+// NVIDIA, two blocks a multiprocessor; 57 KB on AMD).
+template <int kGroups>
+struct Shared {
+  static constexpr int kRows = kGroups * kHeadsPerBlock;
+  uint16_t keys[kTileKeys * kKeyStride];  // bf16 key tile (first: 16-byte aligned)
+  uint16_t q[kRows * kKeyStride];         // bf16 Q rows of the block's heads (heads >= H: zeros)
+  uint16_t probs[kRows * kProbStride];
+  float tables[2][256];  // main, extra
+  float scores[kDimParts][kRows][kTileKeys];
+  float alpha[kRows];
+  float row_m[kRows];  // one split: the final (m, l) of each head row, for the fused epilogue
+  float row_l[kRows];
+  const uint8_t* key_data[kTileKeys];
+  const uint8_t* key_scales[kTileKeys];
+  int key_table[kTileKeys];
+#if DSV4_SPARSE_MLA_ASYNC_STAGE
+  // The next tile's raw records (576 data bytes, then the 8 scale bytes), copied in while this tile is
+  // computed, and their tables (< 0: no key).
+  alignas(16) uint8_t stage[kTileKeys * kStageStride];
+  int stage_table[kTileKeys];
+#endif
+};
+
+// Slot of position p (< the row's count) of row t's key list, its cache, and whether it may be read.
+template <class Sh>
+DSV4_DEVICE void locate_key(const SparseMlaDecodeArgs& args, int64_t main_begin, int64_t main_count,
+                            int64_t extra_begin, int64_t p, Sh& sh, int i) {
+  const bool from_main = p < main_count;
+  const SparseKeySource& source = from_main ? args.main : args.extra;
+  const int64_t slot = from_main ? source.indices[main_begin + p] : source.indices[extra_begin + p - main_count];
+  int table = -1;
+  if (slot >= 0 && slot < source.capacity()) {
+    const ds_mla::RecordAddress address = ds_mla::record_address(slot, source.block_size, source.block_stride);
+    sh.key_data[i] = source.bytes + address.data;
+    sh.key_scales[i] = source.bytes + address.scale;
+    table = from_main ? 0 : 1;
+  }
+  sh.key_table[i] = table;
+}
+
+// One thread's share of a record at data / scales (global or shared memory); table < 0: no key.
+DSV4_DEVICE KeyLoad load_key(const uint8_t* data, const uint8_t* scales, int table, int lane) {
+  KeyLoad load;
+  load.table = table;
+  load.low = make_uint2(0, 0);
+  load.high = make_uint4(0, 0, 0, 0);
+  load.scales = 0;
+  if (load.table < 0) return load;
+  load.low = *reinterpret_cast<const uint2*>(data + lane * kPieceDims);
+  load.scales = scales[lane * kPieceDims / ds_mla::kQuantBlock];
+  if (lane < kFirstRopeLane) {
+    const uint2 high = *reinterpret_cast<const uint2*>(data + kHalfDims + lane * kPieceDims);
+    load.high = make_uint4(high.x, high.y, 0, 0);
+    load.scales |= static_cast<uint32_t>(scales[(kHalfDims + lane * kPieceDims) / ds_mla::kQuantBlock]) << 8;
+  } else {
+    load.high = *reinterpret_cast<const uint4*>(data + ds_mla::kNopeDim + (lane - kFirstRopeLane) * 2 * kPieceDims);
+  }
+  return load;
+}
+
+DSV4_DEVICE void store_key(const KeyLoad& load, uint16_t* row, int lane, const float (*tables)[256]) {
+  uint4 low = make_uint4(0, 0, 0, 0);
+  uint4 high = make_uint4(0, 0, 0, 0);
+  if (load.table >= 0) {
+    const float* table = tables[load.table];
+    low = decode_fp8x8(load.low, ue8m0_decode(static_cast<uint8_t>(load.scales & 0xffu)), table);
+    if (lane < kFirstRopeLane) {
+      high = decode_fp8x8(make_uint2(load.high.x, load.high.y),
+                          ue8m0_decode(static_cast<uint8_t>((load.scales >> 8) & 0xffu)), table);
+    } else {
+      high = make_uint4(scrub_bf16x2(load.high.x), scrub_bf16x2(load.high.y), scrub_bf16x2(load.high.z),
+                        scrub_bf16x2(load.high.w));
+    }
+  }
+  *reinterpret_cast<uint4*>(row + lane * kPieceDims) = low;
+  *reinterpret_cast<uint4*>(row + kHalfDims + lane * kPieceDims) = high;
+}
+
+#if DSV4_SPARSE_MLA_ASYNC_STAGE
+// Asynchronous global -> shared copies (sm_80+; a plain copy elsewhere, never used there: no mma.sync).
+DSV4_DEVICE void copy_async_16(uint8_t* shared_dst, const uint8_t* global_src) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  const uint32_t dst = static_cast<uint32_t>(__cvta_generic_to_shared(shared_dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(global_src) : "memory");
+#else
+  *reinterpret_cast<uint4*>(shared_dst) = *reinterpret_cast<const uint4*>(global_src);
+#endif
+}
+DSV4_DEVICE void copy_async_8(uint8_t* shared_dst, const uint8_t* global_src) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  const uint32_t dst = static_cast<uint32_t>(__cvta_generic_to_shared(shared_dst));
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 8;\n" ::"r"(dst), "l"(global_src) : "memory");
+#else
+  *reinterpret_cast<uint2*>(shared_dst) = *reinterpret_cast<const uint2*>(global_src);
+#endif
+}
+DSV4_DEVICE void copy_async_commit() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+#endif
+}
+DSV4_DEVICE void copy_async_wait_all() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+#endif
+}
+
+// Starts the copies of the records at positions [tile, tile + 32) (< last) of the row's key list into the
+// stage: 8 threads per key look up its slot (each the same index), then copy 4 or 5 chunks of 16 bytes;
+// one of them the 8 scale bytes. Invalid slots are marked and never read.
+template <class Sh>
+DSV4_DEVICE void stage_tile(const SparseMlaDecodeArgs& args, int64_t main_begin, int64_t main_count,
+                            int64_t extra_begin, int64_t tile, int64_t last, Sh& sh, int tid) {
+  const int key = tid / kStageThreadsPerKey;
+  const int sub = tid % kStageThreadsPerKey;
+  const int64_t p = tile + key;
+  int table = -1;
+  const uint8_t* data = nullptr;
+  const uint8_t* scales = nullptr;
+  if (p < last) {
+    const bool from_main = p < main_count;
+    const SparseKeySource& source = from_main ? args.main : args.extra;
+    const int64_t slot =
+        from_main ? source.indices[main_begin + p] : source.indices[extra_begin + p - main_count];
+    if (slot >= 0 && slot < source.capacity()) {
+      const ds_mla::RecordAddress address = ds_mla::record_address(slot, source.block_size, source.block_stride);
+      data = source.bytes + address.data;
+      scales = source.bytes + address.scale;
+      table = from_main ? 0 : 1;
+    }
+  }
+  if (sub == 0) sh.stage_table[key] = table;
+  if (table < 0) return;
+  uint8_t* dst = sh.stage + key * kStageStride;
+  for (int c = sub; c < kStageChunks; c += kStageThreadsPerKey) copy_async_16(dst + 16 * c, data + 16 * c);
+  if (sub == kStageThreadsPerKey - 1) copy_async_8(dst + ds_mla::kDataBytes, scales);
+}
+#endif
+
+// Two blocks per multiprocessor on NVIDIA (at most 128 registers a thread): one block's MMA work hides
+// the other's record loads and barriers.
+#if DSV4_SPARSE_MLA_MFMA_LAYOUT
+#define DSV4_SPARSE_MLA_BOUNDS __launch_bounds__(kThreads)
+#else
+#define DSV4_SPARSE_MLA_BOUNDS __launch_bounds__(kThreads, 2)
+#endif
+
+// kGroups groups of 16 heads share each decoded key tile (1 or 2; the MMA B fragments of K and V are
+// loaded once for all groups).
+template <int kGroups>
+__global__ void DSV4_SPARSE_MLA_BOUNDS sparse_mla_partial_kernel(SparseMlaDecodeArgs args) {
+  using Sh = Shared<kGroups>;
+  constexpr int kRows = Sh::kRows;
+  constexpr int kThreadsPerRow = kThreads / kRows;          // softmax: 16 (one group) or 8 threads a row
+  constexpr int kColsPerThread = kTileKeys / kThreadsPerRow;  // 2 or 4 keys a thread
+  static_assert(kThreads % kRows == 0 && kTileKeys % kThreadsPerRow == 0, "softmax thread layout");
+  extern __shared__ __align__(16) unsigned char shared_bytes[];
+  Sh& sh = *reinterpret_cast<Sh*>(shared_bytes);
+  const int tid = threadIdx.x;
+  const int lane = tid % kWarpSize;
+  const int warp = tid / kWarpSize;
+  const int64_t t = blockIdx.x;
+  const int64_t h0 = static_cast<int64_t>(blockIdx.y) * kRows;
+  const int split = blockIdx.z;
+  const int splits = gridDim.z;
+
+  for (int c = tid; c < 512; c += kThreads) {
+    sh.tables[c / 256][c % 256] =
+        table_value(c < 256 ? args.main.format : args.extra.format, static_cast<uint8_t>(c % 256));
+  }
+  {
+    const uint16_t* q_row = args.q + t * args.q_token_stride;
+    if (is_aligned(q_row, 16) && args.q_head_stride % 8 == 0) {  // the usual contiguous q: 16-byte loads
+      for (int i = tid; i < kRows * kDim / 8; i += kThreads) {
+        const int row = i / (kDim / 8);
+        const int dim = i % (kDim / 8) * 8;
+        const int64_t head = h0 + row;
+        *reinterpret_cast<uint4*>(sh.q + row * kKeyStride + dim) =
+            head < args.heads ? *reinterpret_cast<const uint4*>(q_row + head * args.q_head_stride + dim)
+                              : make_uint4(0, 0, 0, 0);
+      }
+    } else {
+      for (int i = tid; i < kRows * kDim; i += kThreads) {
+        const int row = i / kDim;
+        const int dim = i % kDim;
+        const int64_t head = h0 + row;
+        sh.q[row * kKeyStride + dim] = head < args.heads ? q_row[head * args.q_head_stride + dim] : uint16_t{0};
+      }
+    }
+  }
+
+  // The row's key list: main positions [0, main_count), then extra ones.
+  const int64_t main_begin = args.main.row_begin(t);
+  const int64_t main_count = args.main.row_end(t) - main_begin;
+  int64_t extra_begin = 0;
+  int64_t extra_count = 0;
+  if (args.extra.bytes != nullptr) {
+    extra_begin = args.extra.row_begin(t);
+    extra_count = args.extra.row_end(t) - extra_begin;
+  }
+  const int64_t count = main_count + extra_count;
+  const int64_t first = count * split / splits;
+  const int64_t last = count * (split + 1) / splits;
+
+  const int key_half = warp % 2;
+  const int part = warp / 2;
+  Acc acc[kGroups][kOutTiles];
+#pragma unroll
+  for (int g = 0; g < kGroups; ++g) {
+#pragma unroll
+    for (int j = 0; j < kOutTiles; ++j) {
+#pragma unroll
+      for (int r = 0; r < kAccPerTile; ++r) acc[g][j].v[r] = 0.0f;
+    }
+  }
+  const int softmax_row = tid / kThreadsPerRow;
+  const int softmax_col = (tid % kThreadsPerRow) * kColsPerThread;
+  float m = -FLT_MAX;
+  float l = 0.0f;
+  const int key_lane = tid % kThreadsPerKey;
+  const int key_group = tid / kThreadsPerKey;
+
+#if DSV4_SPARSE_MLA_ASYNC_STAGE
+  if (first < last) stage_tile(args, main_begin, main_count, extra_begin, first, last, sh, tid);
+  copy_async_commit();
+#endif
+  for (int64_t tile = first; tile < last; tile += kTileKeys) {
+#if DSV4_SPARSE_MLA_ASYNC_STAGE
+    // This tile's records are in the stage (and the previous tile's compute is done): decode them into
+    // the key tile, then start copying the next tile's records.
+    copy_async_wait_all();
+    __syncthreads();
+    if (tid < kTileKeys) sh.key_table[tid] = sh.stage_table[tid];
+#pragma unroll
+    for (int pass = 0; pass < kPasses; ++pass) {
+      const int key = pass * kKeysPerPass + key_group;
+      const uint8_t* record = sh.stage + key * kStageStride;
+      store_key(load_key(record, record + ds_mla::kDataBytes, sh.stage_table[key], key_lane),
+                sh.keys + key * kKeyStride, key_lane, sh.tables);
+    }
+    __syncthreads();
+    if (tile + kTileKeys < last) {
+      stage_tile(args, main_begin, main_count, extra_begin, tile + kTileKeys, last, sh, tid);
+    }
+    copy_async_commit();
+#else
+    if (tid < kTileKeys) {
+      if (tile + tid < last) {
+        locate_key(args, main_begin, main_count, extra_begin, tile + tid, sh, tid);
+      } else {
+        sh.key_table[tid] = -1;
+      }
+    }
+    __syncthreads();
+#pragma unroll
+    for (int batch = 0; batch < kPasses; batch += kPassesInFlight) {
+      KeyLoad loads[kPassesInFlight];
+#pragma unroll
+      for (int i = 0; i < kPassesInFlight; ++i) {
+        const int key = (batch + i) * kKeysPerPass + key_group;
+        loads[i] = load_key(sh.key_data[key], sh.key_scales[key], sh.key_table[key], key_lane);
+      }
+#pragma unroll
+      for (int i = 0; i < kPassesInFlight; ++i) {
+        store_key(loads[i], sh.keys + ((batch + i) * kKeysPerPass + key_group) * kKeyStride, key_lane, sh.tables);
+      }
+    }
+    __syncthreads();
+#endif
+
+    // Partial scores of this warp: keys [16 key_half, +16) over dims [part * kPartDims, +kPartDims), for
+    // every head group (one K^T fragment load serves them all).
+    {
+      Acc s[kGroups];
+#pragma unroll
+      for (int g = 0; g < kGroups; ++g) {
+#pragma unroll
+        for (int r = 0; r < kAccPerTile; ++r) s[g].v[r] = 0.0f;
+      }
+      const uint16_t* kbase = sh.keys + 16 * key_half * kKeyStride + part * kPartDims;
+      const uint16_t* qbase = sh.q + part * kPartDims;
+#pragma unroll 4
+      for (int step = 0; step < kScoreSteps; ++step) {
+        const FragB b = load_b_nmajor(kbase + 16 * step, kKeyStride, lane);
+#pragma unroll
+        for (int g = 0; g < kGroups; ++g) {
+          mma(s[g], load_a(qbase + g * kHeadsPerBlock * kKeyStride + 16 * step, kKeyStride, lane), b);
+        }
+      }
+#pragma unroll
+      for (int g = 0; g < kGroups; ++g) {
+#pragma unroll
+        for (int r = 0; r < kAccPerTile; ++r) {
+          sh.scores[part][g * kHeadsPerBlock + acc_row(lane, r)][16 * key_half + acc_col(lane, r)] = s[g].v[r];
+        }
+      }
+    }
+    __syncthreads();
+
+    // Online softmax: kThreadsPerRow threads per head row.
+    {
+      float sc[kColsPerThread];
+      float tile_max = -INFINITY;
+#pragma unroll
+      for (int c = 0; c < kColsPerThread; ++c) {
+        const int key = softmax_col + c;
+        float dot = 0.0f;
+#pragma unroll
+        for (int p = 0; p < kDimParts; ++p) dot += sh.scores[p][softmax_row][key];
+        sc[c] = sh.key_table[key] >= 0 ? args.scale * dot : -INFINITY;
+        tile_max = fmaxf(tile_max, sc[c]);
+      }
+#pragma unroll
+      for (int mask = kThreadsPerRow / 2; mask > 0; mask /= 2) {
+        tile_max = fmaxf(tile_max, shuffle_xor(tile_max, mask, kThreadsPerRow));
+      }
+      const float m_new = fmaxf(m, tile_max);
+      const float a = expf(m - m_new);
+      float sum = 0.0f;
+#pragma unroll
+      for (int c = 0; c < kColsPerThread; ++c) {
+        const uint16_t bits = float_to_bf16_bits(expf(sc[c] - m_new));
+        sh.probs[softmax_row * kProbStride + softmax_col + c] = bits;
+        sum += bf16_bits_to_float(bits);
+      }
+#pragma unroll
+      for (int mask = kThreadsPerRow / 2; mask > 0; mask /= 2) sum += shuffle_xor(sum, mask, kThreadsPerRow);
+      l = l * a + sum;
+      m = m_new;
+      if (tid % kThreadsPerRow == 0) sh.alpha[softmax_row] = a;
+    }
+    __syncthreads();
+
+    // acc = acc * alpha + P V over this warp's output dims (one V fragment load serves every group).
+    {
+      const uint16_t* vbase = sh.keys + warp * kWarpDims;
+#pragma unroll
+      for (int g = 0; g < kGroups; ++g) {
+#pragma unroll
+        for (int r = 0; r < kAccPerTile; ++r) {
+          const float row_alpha = sh.alpha[g * kHeadsPerBlock + acc_row(lane, r)];
+#pragma unroll
+          for (int j = 0; j < kOutTiles; ++j) acc[g][j].v[r] *= row_alpha;
+        }
+      }
+#pragma unroll
+      for (int kk = 0; kk < kTileKeys / 16; ++kk) {
+        FragA p[kGroups];
+#pragma unroll
+        for (int g = 0; g < kGroups; ++g) {
+          p[g] = load_a(sh.probs + g * kHeadsPerBlock * kProbStride + 16 * kk, kProbStride, lane);
+        }
+#pragma unroll
+        for (int j = 0; j < kOutTiles; ++j) {
+          const FragB b = load_b_kmajor(vbase + 16 * kk * kKeyStride + 16 * j, kKeyStride, lane);
+#pragma unroll
+          for (int g = 0; g < kGroups; ++g) mma(acc[g][j], p[g], b);
+        }
+      }
+    }
+    __syncthreads();
+  }
+
+  if (splits == 1) {
+    // One split: the reduce fused here (sink, normalization, inverse RoPE, bf16 out), no partials.
+    if (tid % kThreadsPerRow == 0) {
+      sh.row_m[softmax_row] = m;
+      sh.row_l[softmax_row] = l;
+    }
+    __syncthreads();
+    const int64_t rope_row = args.inverse_rope ? args.rope.row_of(t) : 0;
+#pragma unroll
+    for (int g = 0; g < kGroups; ++g) {
+#pragma unroll
+      for (int r = 0; r < kAccPerTile; ++r) {
+        const int row = g * kHeadsPerBlock + acc_row(lane, r);
+        const int64_t head = h0 + row;
+        float sink = args.sink != nullptr && head < args.heads ? args.sink[head] : -INFINITY;
+        sink = sink != sink ? -INFINITY : sink;
+        const float row_max = fmaxf(sink, sh.row_m[row]);
+        const float weight = expf(sh.row_m[row] - row_max);
+        const float denominator = expf(sink - row_max) + weight * sh.row_l[row];
+        const bool empty = !(denominator > 0.0f) || sink == INFINITY;
+#pragma unroll
+        for (int j = 0; j < kOutTiles; ++j) {
+          acc[g][j].v[r] = empty ? 0.0f : (weight * acc[g][j].v[r]) / denominator;
+        }
+      }
+#pragma unroll
+      for (int j = 0; j < kOutTiles; ++j) {
+        const int tile_dim = warp * kWarpDims + 16 * j;  // warp-uniform: the tile is all NoPE or all RoPE
+        if (args.inverse_rope && tile_dim >= ds_mla::kNopeDim) {
+          float partner[kAccPerTile];  // the value of the other dim of each element's pair (column ^ 1)
+#pragma unroll
+          for (int r = 0; r < kAccPerTile; ++r) {
+#if DSV4_SPARSE_MLA_MFMA_LAYOUT
+            partner[r] = shuffle_xor(acc[g][j].v[r], 1, 16);
+#else
+            partner[r] = acc[g][j].v[r ^ 1];
+#endif
+          }
+#pragma unroll
+          for (int r = 0; r < kAccPerTile; ++r) {
+            const int dim = tile_dim + acc_col(lane, r);
+            const int pair = (dim - ds_mla::kNopeDim) / 2;
+            const bool even = dim % 2 == 0;
+            float a = even ? acc[g][j].v[r] : partner[r];
+            float b = even ? partner[r] : acc[g][j].v[r];
+            rope_unrotate_pair(a, b, args.rope.value(rope_row, pair),
+                               args.rope.value(rope_row, ds_mla::kRopeDim / 2 + pair));
+            acc[g][j].v[r] = even ? a : b;
+          }
+        }
+      }
+#pragma unroll
+      for (int r = 0; r < kAccPerTile; ++r) {
+        const int64_t head = h0 + g * kHeadsPerBlock + acc_row(lane, r);
+        if (head >= args.heads) continue;
+        uint16_t* out_row = args.out + t * args.out_token_stride + head * args.out_head_stride;
+#pragma unroll
+        for (int j = 0; j < kOutTiles; ++j) {
+          out_row[warp * kWarpDims + 16 * j + acc_col(lane, r)] = float_to_bf16_bits(acc[g][j].v[r]);
+        }
+      }
+    }
+    return;
+  }
+
+  // The split's partials.
+  const int64_t row_base = (t * splits + split) * args.heads;
+  float* acc_out = args.partials;
+  float* ml_out = args.partials + args.tokens * splits * args.heads * kDim;
+#pragma unroll
+  for (int g = 0; g < kGroups; ++g) {
+#pragma unroll
+    for (int j = 0; j < kOutTiles; ++j) {
+#pragma unroll
+      for (int r = 0; r < kAccPerTile; ++r) {
+        const int64_t head = h0 + g * kHeadsPerBlock + acc_row(lane, r);
+        if (head < args.heads) {
+          acc_out[(row_base + head) * kDim + warp * kWarpDims + 16 * j + acc_col(lane, r)] = acc[g][j].v[r];
+        }
+      }
+    }
+  }
+  if (tid % kThreadsPerRow == 0 && h0 + softmax_row < args.heads) {
+    ml_out[(row_base + h0 + softmax_row) * 2] = m;
+    ml_out[(row_base + h0 + softmax_row) * 2 + 1] = l;
+  }
+}
+
+__global__ void __launch_bounds__(kReduceThreads) sparse_mla_reduce_kernel(SparseMlaDecodeArgs args) {
+  const int64_t t = blockIdx.x;
+  const int64_t h = blockIdx.y;
+  const int d0 = threadIdx.x * 4;
+  const int splits = args.num_splits;
+  const float* acc_in = args.partials;
+  const float* ml_in = args.partials + args.tokens * splits * args.heads * kDim;
+  float sink = args.sink != nullptr ? args.sink[h] : -INFINITY;
+  sink = sink != sink ? -INFINITY : sink;
+  float m_all = sink;
+  for (int s = 0; s < splits; ++s) m_all = fmaxf(m_all, ml_in[((t * splits + s) * args.heads + h) * 2]);
+  float denominator = expf(sink - m_all);
+  float out[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  for (int s = 0; s < splits; ++s) {
+    const int64_t row = (t * splits + s) * args.heads + h;
+    const float weight = expf(ml_in[row * 2] - m_all);
+    denominator += weight * ml_in[row * 2 + 1];
+    const float4 a = *reinterpret_cast<const float4*>(acc_in + row * kDim + d0);
+    out[0] += weight * a.x;
+    out[1] += weight * a.y;
+    out[2] += weight * a.z;
+    out[3] += weight * a.w;
+  }
+  const bool empty = !(denominator > 0.0f) || sink == INFINITY;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) out[i] = empty ? 0.0f : out[i] / denominator;
+  if (args.inverse_rope && d0 >= ds_mla::kNopeDim) {
+    const int64_t rope_row = args.rope.row_of(t);
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const int pair = (d0 - ds_mla::kNopeDim) / 2 + i;
+      rope_unrotate_pair(out[2 * i], out[2 * i + 1], args.rope.value(rope_row, pair),
+                         args.rope.value(rope_row, ds_mla::kRopeDim / 2 + pair));
+    }
+  }
+  uint16_t* out_row = args.out + t * args.out_token_stride + h * args.out_head_stride;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) out_row[d0 + i] = float_to_bf16_bits(out[i]);
+}
+
+#endif  // DSV4_GPU_COMPILER
+
+int device_multiprocessors() {
+  int device = 0;
+  int count = 0;
+#if defined(__HIPCC__)
+  if (hipGetDevice(&device) != hipSuccess ||
+      hipDeviceGetAttribute(&count, hipDeviceAttributeMultiprocessorCount, device) != hipSuccess) {
+    count = 0;
+  }
+#else
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
+    count = 0;
+  }
+#endif
+  return count > 0 ? count : 128;
+}
+
+// Heads per partial block: 32 (two groups sharing each decoded tile) on NVIDIA when H > 16, else 16.
+// The AMD targets keep one group: two would exceed gfx942's 64 KB of LDS.
+int heads_per_block(int64_t heads) {
+#if DSV4_SPARSE_MLA_MFMA_LAYOUT
+  (void)heads;
+  return kHeadsPerBlock;
+#else
+  return heads > kHeadsPerBlock ? 2 * kHeadsPerBlock : kHeadsPerBlock;
+#endif
+}
+
+template <int kGroups>
+LaunchStatus launch_partial(const SparseMlaDecodeArgs& args, hipStream_t stream) {
+#if DSV4_GPU_COMPILER
+  constexpr int kRows = kGroups * kHeadsPerBlock;
+  const size_t shared_bytes = sizeof(Shared<kGroups>);
+#if !defined(__HIPCC__)
+  // Above 48 KB of dynamic shared memory needs the opt-in, once per instance and device (repeating it
+  // from two threads at once is harmless).
+  constexpr int kMaxDevices = 64;
+  static bool opted_in[kMaxDevices] = {};
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) return LaunchStatus::kLaunchFailed;
+  if (device < 0 || device >= kMaxDevices || !opted_in[device]) {
+    if (cudaFuncSetAttribute(sparse_mla_partial_kernel<kGroups>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             static_cast<int>(shared_bytes)) != cudaSuccess) {
+      return LaunchStatus::kLaunchFailed;
+    }
+    if (device >= 0 && device < kMaxDevices) opted_in[device] = true;
+  }
+#endif
+  const dim3 grid(static_cast<unsigned>(args.tokens), static_cast<unsigned>((args.heads + kRows - 1) / kRows),
+                  static_cast<unsigned>(args.num_splits));
+  hipLaunchKernelGGL((sparse_mla_partial_kernel<kGroups>), grid, dim3(kThreads), shared_bytes, stream, args);
+  return last_launch_status();
+#else
+  (void)args, (void)stream;
+  return LaunchStatus::kInvalidArgument;
+#endif
+}
+
+}  // namespace
+
+int sparse_mla_decode_num_splits(const SparseMlaDecodeArgs& args, int requested) {
+  if (requested > 0) return requested;
+  if (args.tokens <= 0 || args.heads <= 0) return 1;
+  const int64_t rows_per_block = heads_per_block(args.heads);
+  const int64_t blocks = args.tokens * ((args.heads + rows_per_block - 1) / rows_per_block);
+  // Split only rows that leave multiprocessors idle: every split count above 1 also writes and reads
+  // 2 KB of fp32 partials per head and row (more than the keys' bytes at 64 heads and more).
+  const int64_t processors = device_multiprocessors();
+  if (blocks >= processors) return 1;
+  int64_t splits = (2 * processors + blocks - 1) / blocks;
+  // Enough keys per split to keep a split's fixed costs (Q fragments, partial write) small.
+  const int64_t keys = args.main.index_count + (args.extra.bytes != nullptr ? args.extra.index_count : 0);
+  const int64_t per_row = (keys + args.tokens - 1) / args.tokens;
+  const int64_t by_keys = (per_row + kKeysPerSplitMin - 1) / kKeysPerSplitMin;
+  splits = splits < by_keys ? splits : by_keys;
+  splits = splits > kMaxAutoSplits ? kMaxAutoSplits : splits;
+  return static_cast<int>(splits < 1 ? 1 : splits);
+}
+
+int64_t sparse_mla_workspace_floats(const SparseMlaDecodeArgs& args) {
+  return args.num_splits > 1 ? args.tokens * args.num_splits * args.heads * (kDim + 2) : 0;
+}
+
+LaunchStatus launch_sparse_mla_decode(const SparseMlaDecodeArgs& args, void* stream) {
+  if (args.tokens < 0 || args.heads <= 0 || args.num_splits < 1 || args.num_splits > 64 ||
+      args.tokens > 0x7fffffff || args.heads > 65535 || (args.num_splits > 1 && args.partials == nullptr)) {
+    return LaunchStatus::kInvalidArgument;
+  }
+  if (args.tokens == 0) return LaunchStatus::kOk;
+  auto hip_stream = static_cast<hipStream_t>(stream);
+#if DSV4_SPARSE_MLA_MFMA_LAYOUT
+  const LaunchStatus partial = launch_partial<1>(args, hip_stream);
+#else
+  const LaunchStatus partial = heads_per_block(args.heads) == 2 * kHeadsPerBlock
+                                   ? launch_partial<2>(args, hip_stream)
+                                   : launch_partial<1>(args, hip_stream);
+#endif
+  if (partial != LaunchStatus::kOk || args.num_splits == 1) return partial;
+  const dim3 reduce_grid(static_cast<unsigned>(args.tokens), static_cast<unsigned>(args.heads));
+  hipLaunchKernelGGL(sparse_mla_reduce_kernel, reduce_grid, dim3(kReduceThreads), 0, hip_stream, args);
+  return last_launch_status();
+}
+
+}  // namespace dsv4::gpu
