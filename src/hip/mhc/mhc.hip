@@ -97,19 +97,17 @@ struct FnChunk {
   }
 };
 
-// The lane's share of one chunk: its A runs times every column tile and plane of the chunk, plus the
-// squares of its A values.
+// The lane's share of half `h` of one chunk (steps 2h and 2h + 1: values 8h..8h+7 of every run): its A
+// values times every column tile and plane of the chunk, plus the squares of its A values.
 template <int kMixes>
-DSV4_DEVICE void accumulate_chunk(float (&acc)[FnChunk<kMixes>::kColTiles][tile::kAccumulators],
-                                  float (&squares)[tile::kRowsPerLane], const uint4 (&a_runs)[tile::kRowsPerLane][2],
-                                  const FnChunk<kMixes>& chunk, int lane) {
+DSV4_DEVICE void accumulate_half(float (&acc)[FnChunk<kMixes>::kColTiles][tile::kAccumulators],
+                                 float (&squares)[tile::kRowsPerLane], const uint4 (&a_half)[tile::kRowsPerLane],
+                                 const FnChunk<kMixes>& chunk, int lane, int h) {
 #pragma unroll
   for (int i = 0; i < tile::kRowsPerLane; ++i) {
+    const uint32_t words[4] = {a_half[i].x, a_half[i].y, a_half[i].z, a_half[i].w};
 #pragma unroll
-    for (int w = 0; w < 8; ++w) {
-      const uint32_t word = word_of(a_runs[i], w);
-      squares[i] += bf16_low(word) * bf16_low(word) + bf16_high(word) * bf16_high(word);
-    }
+    for (int w = 0; w < 4; ++w) squares[i] += bf16_low(words[w]) * bf16_low(words[w]) + bf16_high(words[w]) * bf16_high(words[w]);
   }
   const int col = tile::b_col(lane);
   const int run = tile::run_of(lane);
@@ -117,19 +115,33 @@ DSV4_DEVICE void accumulate_chunk(float (&acc)[FnChunk<kMixes>::kColTiles][tile:
   for (int c = 0; c < FnChunk<kMixes>::kColTiles; ++c) {
 #pragma unroll
     for (int p = 0; p < kSplitPlanes; ++p) {
-      const uint4 b_runs[2] = {chunk.runs[c][p][0][col][run], chunk.runs[c][p][1][col][run]};
+      const uint4 b_half[1] = {chunk.runs[c][p][h][col][run]};
 #pragma unroll
-      for (int step = 0; step < 4; ++step) {
+      for (int step = 0; step < 2; ++step) {
         uint32_t a[tile::kRowsPerLane][2];
 #pragma unroll
         for (int i = 0; i < tile::kRowsPerLane; ++i) {
-          a[i][0] = word_of(a_runs[i], 2 * step);
-          a[i][1] = word_of(a_runs[i], 2 * step + 1);
+          a[i][0] = step == 0 ? a_half[i].x : a_half[i].z;
+          a[i][1] = step == 0 ? a_half[i].y : a_half[i].w;
         }
-        const uint32_t b[2] = {word_of(b_runs, 2 * step), word_of(b_runs, 2 * step + 1)};
+        const uint32_t b[2] = {step == 0 ? b_half[0].x : b_half[0].z, step == 0 ? b_half[0].y : b_half[0].w};
         tile::mma_step(acc[c], a, b);
       }
     }
+  }
+}
+
+// The whole chunk: both halves.
+template <int kMixes>
+DSV4_DEVICE void accumulate_chunk(float (&acc)[FnChunk<kMixes>::kColTiles][tile::kAccumulators],
+                                  float (&squares)[tile::kRowsPerLane], const uint4 (&a_runs)[tile::kRowsPerLane][2],
+                                  const FnChunk<kMixes>& chunk, int lane) {
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    uint4 a_half[tile::kRowsPerLane];
+#pragma unroll
+    for (int i = 0; i < tile::kRowsPerLane; ++i) a_half[i] = a_runs[i][h];
+    accumulate_half<kMixes>(acc, squares, a_half, chunk, lane, h);
   }
 }
 
@@ -300,22 +312,6 @@ __global__ void __launch_bounds__(kDotsWarps * kWarpSize) mhc_post_dots_kernel(M
 
   for (int64_t dim_chunk = slice.first; dim_chunk < slice.end; ++dim_chunk) {
     const int64_t d0 = dim_chunk * tile::kChunk + run * tile::kRunLength;
-    // x and the 4 old streams of the lane's runs, loaded before the block waits for fn.
-    uint4 x_runs[tile::kRowsPerLane][2];
-    uint4 old_runs[tile::kRowsPerLane][kStreams][2];
-#pragma unroll
-    for (int i = 0; i < tile::kRowsPerLane; ++i) {
-      const int64_t token = valid[i] ? tokens[i] : 0;
-      const uint4* x_src = reinterpret_cast<const uint4*>(post.x + token * hidden + d0);
-      x_runs[i][0] = x_src[0];
-      x_runs[i][1] = x_src[1];
-#pragma unroll
-      for (int j = 0; j < kStreams; ++j) {
-        const uint4* src = reinterpret_cast<const uint4*>(post.residual + token * count + j * hidden + d0);
-        old_runs[i][j][0] = src[0];
-        old_runs[i][j][1] = src[1];
-      }
-    }
     __syncthreads();  // the previous chunks of fn are no longer read (and the coefficients are stored)
     for (int f = threadIdx.x; f < kStreams * Chunk::kVectors; f += kBlockThreads) {
       const int j = f / Chunk::kVectors;
@@ -323,14 +319,28 @@ __global__ void __launch_bounds__(kDotsWarps * kWarpSize) mhc_post_dots_kernel(M
       fn_chunks[j].store(g, Chunk::load(args.fn, count, j * hidden + dim_chunk * tile::kChunk, g));
     }
     __syncthreads();
-    // new_j = post_j * x + sum_i comb[i][j] * old_i in fp32, rounded once to bf16 (as mhc_post_kernel).
-    uint4 new_runs[kStreams][tile::kRowsPerLane][2];
+    // Half a run at a time (8 dims: fewer live registers, more resident warps): x and the 4 old streams,
+    // new_j = post_j * x + sum_i comb[i][j] * old_i in fp32 rounded once to bf16 (as mhc_post_kernel),
+    // written out and multiplied.
 #pragma unroll
-    for (int i = 0; i < tile::kRowsPerLane; ++i) {
-      const float* coefficient = coefficients[tokens[i] - block_token];
+    for (int h = 0; h < 2; ++h) {
+      const int64_t d = d0 + 8 * h;
+      uint4 x_half[tile::kRowsPerLane];
+      uint4 old_half[tile::kRowsPerLane][kStreams];
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const uint32_t x_words[4] = {x_runs[i][h].x, x_runs[i][h].y, x_runs[i][h].z, x_runs[i][h].w};
+      for (int i = 0; i < tile::kRowsPerLane; ++i) {
+        const int64_t token = valid[i] ? tokens[i] : 0;
+        x_half[i] = *reinterpret_cast<const uint4*>(post.x + token * hidden + d);
+#pragma unroll
+        for (int j = 0; j < kStreams; ++j) {
+          old_half[i][j] = *reinterpret_cast<const uint4*>(post.residual + token * count + j * hidden + d);
+        }
+      }
+      uint4 new_half[kStreams][tile::kRowsPerLane];
+#pragma unroll
+      for (int i = 0; i < tile::kRowsPerLane; ++i) {
+        const float* coefficient = coefficients[tokens[i] - block_token];
+        const uint32_t x_words[4] = {x_half[i].x, x_half[i].y, x_half[i].z, x_half[i].w};
 #pragma unroll
         for (int j = 0; j < kStreams; ++j) {
           uint32_t out_words[4];
@@ -339,30 +349,22 @@ __global__ void __launch_bounds__(kDotsWarps * kWarpSize) mhc_post_dots_kernel(M
             float values[2] = {coefficient[j] * bf16_low(x_words[w]), coefficient[j] * bf16_high(x_words[w])};
 #pragma unroll
             for (int stream = 0; stream < kStreams; ++stream) {
-              const uint32_t old = word_of(old_runs[i][stream], 4 * h + w);
+              const uint4& o = old_half[i][stream];
+              const uint32_t old = w == 0 ? o.x : w == 1 ? o.y : w == 2 ? o.z : o.w;
               const float comb = coefficient[kStreams + stream * kStreams + j];
               values[0] += comb * bf16_low(old);
               values[1] += comb * bf16_high(old);
             }
             out_words[w] = float_to_bf16_bits(values[0]) | (static_cast<uint32_t>(float_to_bf16_bits(values[1])) << 16);
           }
-          new_runs[j][i][h] = make_uint4(out_words[0], out_words[1], out_words[2], out_words[3]);
+          new_half[j][i] = valid[i] ? make_uint4(out_words[0], out_words[1], out_words[2], out_words[3])
+                                    : make_uint4(0u, 0u, 0u, 0u);
+          if (valid[i]) *reinterpret_cast<uint4*>(post.out + tokens[i] * count + j * hidden + d) = new_half[j][i];
         }
       }
-      if (valid[i]) {
 #pragma unroll
-        for (int j = 0; j < kStreams; ++j) {
-          uint4* dst = reinterpret_cast<uint4*>(post.out + tokens[i] * count + j * hidden + d0);
-          dst[0] = new_runs[j][i][0];
-          dst[1] = new_runs[j][i][1];
-        }
-      } else {
-#pragma unroll
-        for (int j = 0; j < kStreams; ++j) new_runs[j][i][0] = new_runs[j][i][1] = make_uint4(0u, 0u, 0u, 0u);
-      }
+      for (int j = 0; j < kStreams; ++j) accumulate_half<kMixes>(acc, squares, new_half[j], fn_chunks[j], lane, h);
     }
-#pragma unroll
-    for (int j = 0; j < kStreams; ++j) accumulate_chunk<kMixes>(acc, squares, new_runs[j], fn_chunks[j], lane);
   }
   write_partials<kMixes>(args, blockIdx.y, warp_token, lane, acc, squares);
 }
