@@ -23,7 +23,6 @@ constexpr int kTargetBlocks = 264;  // dots blocks: about two per SM on current 
 constexpr int kDotsWarps = 4;
 constexpr int kDotsTilesPerWarp = 1;  // 16-token tiles per warp in the pre dots kernel
 constexpr int kDotsTokens = kDotsWarps * kDotsTilesPerWarp * tile::kRows;  // tokens per pre dots block
-constexpr int kPostDotsTokens = kDotsWarps * tile::kRows;                  // per fused post+dots block
 constexpr int kSplitPlanes = 3;                        // fn = hi + mid + lo
 constexpr int kEpilogueThreads = 128;
 constexpr int kEpilogueTokens = kEpilogueThreads / kHalfLanes;  // tokens per epilogue block
@@ -265,110 +264,6 @@ __global__ void __launch_bounds__(kDotsWarps * kWarpSize) mhc_dots_kernel(MhcPre
   }
 }
 
-// mhc_fused_post_pre: the post of the previous sub-layer computed straight into the A operand of the
-// next pre's dot products and written out once; the dot products never read the new residual back.
-// Per 64-wide chunk of hidden dims, a lane computes its runs of all 4 new streams.
-__global__ void __launch_bounds__(kDotsWarps * kWarpSize) mhc_post_dots_kernel(MhcPostArgs post, MhcPreArgs args) {
-  constexpr int kMixes = mhc::kPreMixes;
-  constexpr int kStreams = mhc::kHcMult;
-  using Chunk = FnChunk<kMixes>;
-  constexpr int kBlockThreads = kDotsWarps * kWarpSize;
-  __shared__ Chunk fn_chunks[kStreams];
-  // post[j] and comb[i][j] of the block's tokens.
-  __shared__ float coefficients[kPostDotsTokens][kStreams + kStreams * kStreams];
-  const int lane = threadIdx.x % kWarpSize;
-  const int warp = threadIdx.x / kWarpSize;
-  const int run = tile::run_of(lane);
-  const int64_t hidden = args.hidden;
-  const int64_t count = kStreams * hidden;
-  // The slice: chunks of the hidden dims, each covering the same dims of all 4 streams.
-  const ChunkSlice slice = chunk_slice(hidden / tile::kChunk, args.k_splits);
-  const int64_t block_token = static_cast<int64_t>(blockIdx.x) * kPostDotsTokens;
-  const int64_t warp_token = block_token + warp * tile::kRows;
-  for (int i = threadIdx.x; i < kPostDotsTokens * (kStreams + kStreams * kStreams); i += kBlockThreads) {
-    const int t = i / (kStreams + kStreams * kStreams);
-    const int e = i % (kStreams + kStreams * kStreams);
-    const int64_t token = block_token + t < args.tokens ? block_token + t : 0;
-    coefficients[t][e] = e < kStreams ? post.post_mix[token * kStreams + e]
-                                      : post.comb_mix[token * kStreams * kStreams + e - kStreams];
-  }
-
-  int64_t tokens[tile::kRowsPerLane];
-  bool valid[tile::kRowsPerLane];
-#pragma unroll
-  for (int i = 0; i < tile::kRowsPerLane; ++i) {
-    tokens[i] = warp_token + tile::a_row(lane, i);
-    valid[i] = tokens[i] < args.tokens;
-  }
-  float acc[Chunk::kColTiles][tile::kAccumulators];
-  float squares[tile::kRowsPerLane];
-#pragma unroll
-  for (int c = 0; c < Chunk::kColTiles; ++c) {
-#pragma unroll
-    for (int e = 0; e < tile::kAccumulators; ++e) acc[c][e] = 0.0f;
-  }
-#pragma unroll
-  for (int i = 0; i < tile::kRowsPerLane; ++i) squares[i] = 0.0f;
-
-  for (int64_t dim_chunk = slice.first; dim_chunk < slice.end; ++dim_chunk) {
-    const int64_t d0 = dim_chunk * tile::kChunk + run * tile::kRunLength;
-    __syncthreads();  // the previous chunks of fn are no longer read (and the coefficients are stored)
-    for (int f = threadIdx.x; f < kStreams * Chunk::kVectors; f += kBlockThreads) {
-      const int j = f / Chunk::kVectors;
-      const int g = f % Chunk::kVectors;
-      fn_chunks[j].store(g, Chunk::load(args.fn, count, j * hidden + dim_chunk * tile::kChunk, g));
-    }
-    __syncthreads();
-    // Half a run at a time (8 dims: fewer live registers, more resident warps): x and the 4 old streams,
-    // new_j = post_j * x + sum_i comb[i][j] * old_i in fp32 rounded once to bf16 (as mhc_post_kernel),
-    // written out and multiplied.
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int64_t d = d0 + 8 * h;
-      uint4 x_half[tile::kRowsPerLane];
-      uint4 old_half[tile::kRowsPerLane][kStreams];
-#pragma unroll
-      for (int i = 0; i < tile::kRowsPerLane; ++i) {
-        const int64_t token = valid[i] ? tokens[i] : 0;
-        x_half[i] = *reinterpret_cast<const uint4*>(post.x + token * hidden + d);
-#pragma unroll
-        for (int j = 0; j < kStreams; ++j) {
-          old_half[i][j] = *reinterpret_cast<const uint4*>(post.residual + token * count + j * hidden + d);
-        }
-      }
-      uint4 new_half[kStreams][tile::kRowsPerLane];
-#pragma unroll
-      for (int i = 0; i < tile::kRowsPerLane; ++i) {
-        const float* coefficient = coefficients[tokens[i] - block_token];
-        const uint32_t x_words[4] = {x_half[i].x, x_half[i].y, x_half[i].z, x_half[i].w};
-#pragma unroll
-        for (int j = 0; j < kStreams; ++j) {
-          uint32_t out_words[4];
-#pragma unroll
-          for (int w = 0; w < 4; ++w) {
-            float values[2] = {coefficient[j] * bf16_low(x_words[w]), coefficient[j] * bf16_high(x_words[w])};
-#pragma unroll
-            for (int stream = 0; stream < kStreams; ++stream) {
-              const uint4& o = old_half[i][stream];
-              const uint32_t old = w == 0 ? o.x : w == 1 ? o.y : w == 2 ? o.z : o.w;
-              const float comb = coefficient[kStreams + stream * kStreams + j];
-              values[0] += comb * bf16_low(old);
-              values[1] += comb * bf16_high(old);
-            }
-            out_words[w] = float_to_bf16_bits(values[0]) | (static_cast<uint32_t>(float_to_bf16_bits(values[1])) << 16);
-          }
-          new_half[j][i] = valid[i] ? make_uint4(out_words[0], out_words[1], out_words[2], out_words[3])
-                                    : make_uint4(0u, 0u, 0u, 0u);
-          if (valid[i]) *reinterpret_cast<uint4*>(post.out + tokens[i] * count + j * hidden + d) = new_half[j][i];
-        }
-      }
-#pragma unroll
-      for (int j = 0; j < kStreams; ++j) accumulate_half<kMixes>(acc, squares, new_half[j], fn_chunks[j], lane, h);
-    }
-  }
-  write_partials<kMixes>(args, blockIdx.y, warp_token, lane, acc, squares);
-}
-
 // sums[index] for a runtime index, without dynamic indexing (which would move sums to local memory).
 template <int kCount>
 DSV4_DEVICE float select(const float (&values)[kCount], int index) {
@@ -392,6 +287,7 @@ __global__ void __launch_bounds__(kEpilogueThreads) mhc_epilogue_kernel(MhcPreAr
   float sums[kMixes + 1];
 #pragma unroll
   for (int m = 0; m <= kMixes; ++m) sums[m] = 0.0f;
+#pragma unroll 4
   for (int s = group_lane; s < args.k_splits; s += kHalfLanes) {
     const float* partial = args.partials + (token * args.k_splits + s) * (kMixes + 1);
 #pragma unroll
@@ -561,9 +457,8 @@ constexpr int kHostWarpSize = 64;
 constexpr int kHostWarpSize = 32;
 #endif
 
-dim3 dots_grid(const MhcPreArgs& args, int tokens_per_block) {
-  return dim3(static_cast<unsigned>((args.tokens + tokens_per_block - 1) / tokens_per_block),
-              static_cast<unsigned>(args.k_splits));
+dim3 dots_grid(const MhcPreArgs& args) {
+  return dim3(static_cast<unsigned>((args.tokens + kDotsTokens - 1) / kDotsTokens), static_cast<unsigned>(args.k_splits));
 }
 
 // After the dot products: the epilogue, then the collapse.
@@ -577,55 +472,40 @@ void launch_epilogue_and_collapse(const MhcPreArgs& args, hipStream_t stream) {
                      static_cast<const float*>(pre_weights));
 }
 
-bool valid_pre(const MhcPreArgs& args, bool fused_post) {
+bool valid_pre(const MhcPreArgs& args) {
   return args.tokens >= 0 && args.hidden > 0 && args.hidden % tile::kChunk == 0 &&
-         args.k_splits == mhc_pre_k_splits(args.tokens, args.hidden, fused_post) &&
+         args.k_splits == mhc_pre_k_splits(args.tokens, args.hidden) &&
          (args.mixes == mhc::kPreMixes || args.mixes == mhc::kHeadMixes);
 }
 
 }  // namespace
 
-int mhc_pre_k_splits(int64_t tokens, int64_t hidden, bool fused_post) {
-  // Slices are ranges of 64-wide chunks: of the flattened row for pre, of the hidden dims (each covering
-  // all 4 streams) for the fused post + pre.
-  const int64_t tokens_per_block = fused_post ? kPostDotsTokens : kDotsTokens;
-  const int64_t blocks = (tokens + tokens_per_block - 1) / tokens_per_block;
-  const int64_t chunks = (fused_post ? 1 : mhc::kHcMult) * hidden / tile::kChunk;
+int mhc_pre_k_splits(int64_t tokens, int64_t hidden) {
+  // Slices are ranges of 64-wide chunks of the flattened row.
+  const int64_t blocks = (tokens + kDotsTokens - 1) / kDotsTokens;
+  const int64_t chunks = mhc::kHcMult * hidden / tile::kChunk;
   int64_t splits = blocks >= kTargetBlocks ? 1 : (kTargetBlocks + blocks - 1) / blocks;
   splits = splits < chunks ? splits : chunks;
   return static_cast<int>(splits < 1 ? 1 : splits);
 }
 
-int64_t mhc_pre_workspace_floats(int64_t tokens, int64_t hidden, int mixes, bool fused_post) {
-  return static_cast<int64_t>(mhc_pre_k_splits(tokens, hidden, fused_post)) * tokens * (mixes + 1) +
-         tokens * mhc::kHcMult;
+int64_t mhc_pre_workspace_floats(int64_t tokens, int64_t hidden, int mixes) {
+  return static_cast<int64_t>(mhc_pre_k_splits(tokens, hidden)) * tokens * (mixes + 1) + tokens * mhc::kHcMult;
 }
 
 LaunchStatus launch_mhc_pre(const MhcPreArgs& args, void* stream) {
-  if (!valid_pre(args, false)) return LaunchStatus::kInvalidArgument;
+  if (!valid_pre(args)) return LaunchStatus::kInvalidArgument;
   if (args.tokens == 0) return LaunchStatus::kOk;
   auto hip_stream = static_cast<hipStream_t>(stream);
   if (args.mixes == mhc::kPreMixes) {
-    hipLaunchKernelGGL((mhc_dots_kernel<mhc::kPreMixes>), dots_grid(args, kDotsTokens), dim3(kDotsWarps * kHostWarpSize), 0,
+    hipLaunchKernelGGL((mhc_dots_kernel<mhc::kPreMixes>), dots_grid(args), dim3(kDotsWarps * kHostWarpSize), 0,
                        hip_stream, args);
     launch_epilogue_and_collapse<mhc::kPreMixes>(args, hip_stream);
   } else {
-    hipLaunchKernelGGL((mhc_dots_kernel<mhc::kHeadMixes>), dots_grid(args, kDotsTokens), dim3(kDotsWarps * kHostWarpSize), 0,
+    hipLaunchKernelGGL((mhc_dots_kernel<mhc::kHeadMixes>), dots_grid(args), dim3(kDotsWarps * kHostWarpSize), 0,
                        hip_stream, args);
     launch_epilogue_and_collapse<mhc::kHeadMixes>(args, hip_stream);
   }
-  return last_launch_status();
-}
-
-LaunchStatus launch_mhc_fused_post_pre(const MhcPostArgs& post, const MhcPreArgs& pre, void* stream) {
-  if (!valid_pre(pre, true) || pre.mixes != mhc::kPreMixes || post.tokens != pre.tokens || post.hidden != pre.hidden ||
-      pre.residual != post.out) {
-    return LaunchStatus::kInvalidArgument;
-  }
-  if (pre.tokens == 0) return LaunchStatus::kOk;
-  auto hip_stream = static_cast<hipStream_t>(stream);
-  hipLaunchKernelGGL(mhc_post_dots_kernel, dots_grid(pre, kPostDotsTokens), dim3(kDotsWarps * kHostWarpSize), 0, hip_stream, post, pre);
-  launch_epilogue_and_collapse<mhc::kPreMixes>(pre, hip_stream);
   return last_launch_status();
 }
 

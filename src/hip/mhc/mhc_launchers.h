@@ -42,14 +42,11 @@ struct MhcPostArgs {
 
 namespace gpu {
 // The k split the pre kernels use for `tokens`, and the workspace they need (the bindings size it).
-// (fused_post: for launch_mhc_fused_post_pre.)
-int mhc_pre_k_splits(int64_t tokens, int64_t hidden, bool fused_post);
-int64_t mhc_pre_workspace_floats(int64_t tokens, int64_t hidden, int mixes, bool fused_post);
+int mhc_pre_k_splits(int64_t tokens, int64_t hidden);
+int64_t mhc_pre_workspace_floats(int64_t tokens, int64_t hidden, int mixes);
 LaunchStatus launch_mhc_pre(const MhcPreArgs& args, void* stream);
 LaunchStatus launch_mhc_post(const MhcPostArgs& args, void* stream);
-// post, then pre on post's output (pre.residual == post.out), without reading the new residual back for
-// the dot products.
-LaunchStatus launch_mhc_fused_post_pre(const MhcPostArgs& post, const MhcPreArgs& pre, void* stream);
+
 }  // namespace gpu
 
 }  // namespace dsv4
