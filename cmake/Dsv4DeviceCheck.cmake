@@ -88,3 +88,12 @@ add_test(NAME device_sm_90a_sparse_mla_mma_instruction
          COMMAND ${_checker} expect-instruction mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32
                  ${_check_dir}/sparse_mla_decode.sm_90a.ptx)
 # ---- end sparse_mla ----
+# ---- mhc (spec/mhc.md): the pre dot products run on the matrix units of every target ----
+foreach(_arch gfx942 gfx950)
+  add_test(NAME device_${_arch}_mhc_bf16_mfma
+           COMMAND ${_checker} expect-instruction v_mfma_f32_16x16x16_bf16 ${_check_dir}/mhc.${_arch}.s)
+endforeach()
+add_test(NAME device_sm_90a_mhc_bf16_mma
+         COMMAND ${_checker} expect-instruction mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32
+                 ${_check_dir}/mhc.sm_90a.ptx)
+# ---- end mhc ----
