@@ -25,6 +25,7 @@ constexpr int kDotsTilesPerWarp = 1;  // 16-token tiles per warp in the pre dots
 constexpr int kDotsTokens = kDotsWarps * kDotsTilesPerWarp * tile::kRows;  // tokens per pre dots block
 constexpr int kSplitPlanes = 3;                        // fn = hi + mid + lo
 constexpr int kEpilogueThreads = 128;
+constexpr int kMaxSplits = 2 * kHalfLanes;
 constexpr int kEpilogueTokens = kEpilogueThreads / kHalfLanes;  // tokens per epilogue block
 
 DSV4_DEVICE float half_group_sum(float value) {
@@ -486,6 +487,9 @@ int mhc_pre_k_splits(int64_t tokens, int64_t hidden) {
   const int64_t chunks = mhc::kHcMult * hidden / tile::kChunk;
   int64_t splits = blocks >= kTargetBlocks ? 1 : (kTargetBlocks + blocks - 1) / blocks;
   splits = splits < chunks ? splits : chunks;
+  // At most two slices per epilogue lane: the epilogue's serial loads cost a decode step more than the
+  // extra dots blocks would save.
+  splits = splits < kMaxSplits ? splits : kMaxSplits;
   return static_cast<int>(splits < 1 ? 1 : splits);
 }
 
