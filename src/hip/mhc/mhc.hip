@@ -37,14 +37,6 @@ DSV4_DEVICE float half_group_sum(float value) {
 DSV4_DEVICE float bf16_low(uint32_t word) { return bits_float(word << 16); }
 DSV4_DEVICE float bf16_high(uint32_t word) { return bits_float(word & 0xffff0000u); }
 
-DSV4_DEVICE uint32_t word_of(const uint4 (&run)[2], int w) {
-  const uint4& half = run[w / 4];
-  switch (w % 4) {
-    case 0: return half.x;
-    case 1: return half.y;
-    case 2: return half.z;
-    default: return half.w;
-  }
 }
 
 // 4 consecutive fp32 values split into three bf16 planes (hi, mid, lo), each packed as 4 bf16.
