@@ -37,8 +37,6 @@ DSV4_DEVICE float half_group_sum(float value) {
 DSV4_DEVICE float bf16_low(uint32_t word) { return bits_float(word << 16); }
 DSV4_DEVICE float bf16_high(uint32_t word) { return bits_float(word & 0xffff0000u); }
 
-}
-
 // 4 consecutive fp32 values split into three bf16 planes (hi, mid, lo), each packed as 4 bf16.
 DSV4_DEVICE void split_planes(const float4& v, uint2 (&planes)[kSplitPlanes]) {
   const float values[4] = {v.x, v.y, v.z, v.w};
