@@ -47,7 +47,7 @@ constexpr int kThreads = 128;
 constexpr int kRowsPerBlock = 2;      // query rows per block; warps per row = kThreads / kWarpSize / 2
 constexpr int kMinBlocks = 3;        // resident blocks per SM the register budget must allow (12 warps on NVIDIA)
 constexpr int64_t kTargetBlocks = 1056;  // about 8 per SM on current GPUs
-constexpr int64_t kMinChunk = 256;    // keys per block at least, when the key range is split
+constexpr int64_t kMinChunk = 64;     // keys per block at least, when the key range is split
 
 DSV4_DEVICE int64_t clamp64(int64_t v, int64_t lo, int64_t hi) { return v < lo ? lo : (v > hi ? hi : v); }
 
