@@ -56,7 +56,7 @@ constexpr int kHalfDims = kDim / 2;                                       // 256
 constexpr int kFirstRopeLane = (ds_mla::kNopeDim - kHalfDims) / kPieceDims;  // 24
 constexpr int kReduceThreads = kDim / 4;                                  // 128, 4 dims each
 constexpr int kMaxAutoSplits = 32;
-constexpr int kKeysPerSplitMin = 64;
+constexpr int kKeysPerSplitMin = kTileKeys;  // automatic splits: at least one tile each
 
 static_assert(kTileKeys == 32 && kKeysPerPass * kPasses == kTileKeys, "tile shape");
 
@@ -440,31 +440,6 @@ __global__ void DSV4_SPARSE_MLA_BOUNDS sparse_mla_partial_kernel(SparseMlaDecode
   const int split = blockIdx.z;
   const int splits = gridDim.z;
 
-  for (int c = tid; c < 512; c += kThreads) {
-    sh.tables[c / 256][c % 256] =
-        table_value(c < 256 ? args.main.format : args.extra.format, static_cast<uint8_t>(c % 256));
-  }
-  {
-    const uint16_t* q_row = args.q + t * args.q_token_stride;
-    if (is_aligned(q_row, 16) && args.q_head_stride % 8 == 0) {  // the usual contiguous q: 16-byte loads
-      for (int i = tid; i < kRows * kDim / 8; i += kThreads) {
-        const int row = i / (kDim / 8);
-        const int dim = i % (kDim / 8) * 8;
-        const int64_t head = h0 + row;
-        *reinterpret_cast<uint4*>(sh.q + row * kKeyStride + dim) =
-            head < args.heads ? *reinterpret_cast<const uint4*>(q_row + head * args.q_head_stride + dim)
-                              : make_uint4(0, 0, 0, 0);
-      }
-    } else {
-      for (int i = tid; i < kRows * kDim; i += kThreads) {
-        const int row = i / kDim;
-        const int dim = i % kDim;
-        const int64_t head = h0 + row;
-        sh.q[row * kKeyStride + dim] = head < args.heads ? q_row[head * args.q_head_stride + dim] : uint16_t{0};
-      }
-    }
-  }
-
   // The row's key list: main positions [0, main_count), then extra ones.
   const int64_t main_begin = args.main.row_begin(t);
   const int64_t main_count = args.main.row_end(t) - main_begin;
@@ -497,9 +472,35 @@ __global__ void DSV4_SPARSE_MLA_BOUNDS sparse_mla_partial_kernel(SparseMlaDecode
   const int key_group = tid / kThreadsPerKey;
 
 #if DSV4_SPARSE_MLA_ASYNC_STAGE
+  // The first tile's copies fly while the decode tables and Q are set up.
   if (first < last) stage_tile(args, main_begin, main_count, extra_begin, first, last, sh, tid);
   copy_async_commit();
 #endif
+  for (int c = tid; c < 512; c += kThreads) {
+    sh.tables[c / 256][c % 256] =
+        table_value(c < 256 ? args.main.format : args.extra.format, static_cast<uint8_t>(c % 256));
+  }
+  {
+    const uint16_t* q_row = args.q + t * args.q_token_stride;
+    if (is_aligned(q_row, 16) && args.q_head_stride % 8 == 0) {  // the usual contiguous q: 16-byte loads
+      for (int i = tid; i < kRows * kDim / 8; i += kThreads) {
+        const int row = i / (kDim / 8);
+        const int dim = i % (kDim / 8) * 8;
+        const int64_t head = h0 + row;
+        *reinterpret_cast<uint4*>(sh.q + row * kKeyStride + dim) =
+            head < args.heads ? *reinterpret_cast<const uint4*>(q_row + head * args.q_head_stride + dim)
+                              : make_uint4(0, 0, 0, 0);
+      }
+    } else {
+      for (int i = tid; i < kRows * kDim; i += kThreads) {
+        const int row = i / kDim;
+        const int dim = i % kDim;
+        const int64_t head = h0 + row;
+        sh.q[row * kKeyStride + dim] = head < args.heads ? q_row[head * args.q_head_stride + dim] : uint16_t{0};
+      }
+    }
+  }
+
   for (int64_t tile = first; tile < last; tile += kTileKeys) {
 #if DSV4_SPARSE_MLA_ASYNC_STAGE
     // This tile's records are in the stage (and the previous tile's compute is done): decode them into
@@ -832,18 +833,33 @@ int sparse_mla_decode_num_splits(const SparseMlaDecodeArgs& args, int requested)
   if (args.tokens <= 0 || args.heads <= 0) return 1;
   const int64_t rows_per_block = heads_per_block(args.heads);
   const int64_t blocks = args.tokens * ((args.heads + rows_per_block - 1) / rows_per_block);
-  // Split only rows that leave multiprocessors idle: every split count above 1 also writes and reads
-  // 2 KB of fp32 partials per head and row (more than the keys' bytes at 64 heads and more).
-  const int64_t processors = device_multiprocessors();
-  if (blocks >= processors) return 1;
-  int64_t splits = (2 * processors + blocks - 1) / blocks;
-  // Enough keys per split to keep a split's fixed costs (Q fragments, partial write) small.
+  // Resident partial blocks: two a multiprocessor on NVIDIA (registers and shared memory allow it), one
+  // on the AMD targets (57 KB of LDS each).
+#if DSV4_SPARSE_MLA_MFMA_LAYOUT
+  const int64_t slots = device_multiprocessors();
+#else
+  const int64_t slots = 2 * static_cast<int64_t>(device_multiprocessors());
+#endif
+  if (blocks >= slots) return 1;
+  // The split count with the least modelled time: waves of blocks times (a block's fixed cost, about
+  // 1.5 tiles: the first loads, Q, the partial write; plus its tiles); ties go to fewer splits (less
+  // partial traffic). The average keys per row stands in for every row's.
   const int64_t keys = args.main.index_count + (args.extra.bytes != nullptr ? args.extra.index_count : 0);
   const int64_t per_row = (keys + args.tokens - 1) / args.tokens;
-  const int64_t by_keys = (per_row + kKeysPerSplitMin - 1) / kKeysPerSplitMin;
-  splits = splits < by_keys ? splits : by_keys;
-  splits = splits > kMaxAutoSplits ? kMaxAutoSplits : splits;
-  return static_cast<int>(splits < 1 ? 1 : splits);
+  int64_t max_splits = (per_row + kKeysPerSplitMin - 1) / kKeysPerSplitMin;
+  max_splits = max_splits > kMaxAutoSplits ? kMaxAutoSplits : (max_splits < 1 ? 1 : max_splits);
+  int64_t best = 1;
+  int64_t best_cost = -1;
+  for (int64_t splits = 1; splits <= max_splits; ++splits) {
+    const int64_t waves = (blocks * splits + slots - 1) / slots;
+    const int64_t tiles = (per_row + splits * kTileKeys - 1) / (splits * kTileKeys);
+    const int64_t cost = waves * (3 + 2 * tiles);  // in half tiles
+    if (best_cost < 0 || cost < best_cost) {
+      best = splits;
+      best_cost = cost;
+    }
+  }
+  return static_cast<int>(best);
 }
 
 int64_t sparse_mla_workspace_floats(const SparseMlaDecodeArgs& args) {
