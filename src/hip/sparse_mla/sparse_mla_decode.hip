@@ -381,12 +381,20 @@ DSV4_DEVICE void copy_async_wait_all() {
 #endif
 }
 
+// The slot at position p of the row's key list (its main indices, then its extra ones); -1 past `last`
+// (then never used). Loaded a tile ahead of its copies, so that the index load's latency is hidden.
+DSV4_DEVICE int64_t fetch_slot(const SparseMlaDecodeArgs& args, int64_t main_begin, int64_t main_count,
+                               int64_t extra_begin, int64_t p, int64_t last) {
+  if (p >= last) return -1;
+  return p < main_count ? args.main.indices[main_begin + p] : args.extra.indices[extra_begin + p - main_count];
+}
+
 // Starts the copies of the records at positions [tile, tile + 32) (< last) of the row's key list into the
-// stage: 8 threads per key look up its slot (each the same index), then copy 4 or 5 chunks of 16 bytes;
-// one of them the 8 scale bytes. Invalid slots are marked and never read.
+// stage: 8 threads per key (each holding its slot, fetched earlier), each copying 4 or 5 chunks of 16
+// bytes; one of them the 8 scale bytes. Invalid slots are marked and never read.
 template <class Sh>
-DSV4_DEVICE void stage_tile(const SparseMlaDecodeArgs& args, int64_t main_begin, int64_t main_count,
-                            int64_t extra_begin, int64_t tile, int64_t last, Sh& sh, int tid) {
+DSV4_DEVICE void stage_tile(const SparseMlaDecodeArgs& args, int64_t main_count, int64_t tile, int64_t last,
+                            int64_t slot, Sh& sh, int tid) {
   const int key = tid / kStageThreadsPerKey;
   const int sub = tid % kStageThreadsPerKey;
   const int64_t p = tile + key;
@@ -396,8 +404,6 @@ DSV4_DEVICE void stage_tile(const SparseMlaDecodeArgs& args, int64_t main_begin,
   if (p < last) {
     const bool from_main = p < main_count;
     const SparseKeySource& source = from_main ? args.main : args.extra;
-    const int64_t slot =
-        from_main ? source.indices[main_begin + p] : source.indices[extra_begin + p - main_count];
     if (slot >= 0 && slot < source.capacity()) {
       const ds_mla::RecordAddress address = ds_mla::record_address(slot, source.block_size, source.block_stride);
       data = source.bytes + address.data;
@@ -472,9 +478,15 @@ __global__ void DSV4_SPARSE_MLA_BOUNDS sparse_mla_partial_kernel(SparseMlaDecode
   const int key_group = tid / kThreadsPerKey;
 
 #if DSV4_SPARSE_MLA_ASYNC_STAGE
-  // The first tile's copies fly while the decode tables and Q are set up.
-  if (first < last) stage_tile(args, main_begin, main_count, extra_begin, first, last, sh, tid);
+  // The first tile's copies fly while the decode tables and Q are set up; each thread holds the slot of
+  // its key in the tile after the one being copied.
+  const int stage_key = tid / kStageThreadsPerKey;
+  if (first < last) {
+    stage_tile(args, main_count, first, last,
+               fetch_slot(args, main_begin, main_count, extra_begin, first + stage_key, last), sh, tid);
+  }
   copy_async_commit();
+  int64_t next_slot = fetch_slot(args, main_begin, main_count, extra_begin, first + kTileKeys + stage_key, last);
 #endif
   for (int c = tid; c < 512; c += kThreads) {
     sh.tables[c / 256][c % 256] =
@@ -517,7 +529,8 @@ __global__ void DSV4_SPARSE_MLA_BOUNDS sparse_mla_partial_kernel(SparseMlaDecode
     }
     __syncthreads();
     if (tile + kTileKeys < last) {
-      stage_tile(args, main_begin, main_count, extra_begin, tile + kTileKeys, last, sh, tid);
+      stage_tile(args, main_count, tile + kTileKeys, last, next_slot, sh, tid);
+      next_slot = fetch_slot(args, main_begin, main_count, extra_begin, tile + 2 * kTileKeys + stage_key, last);
     }
     copy_async_commit();
 #else
