@@ -56,7 +56,7 @@ constexpr int kHalfDims = kDim / 2;                                       // 256
 constexpr int kFirstRopeLane = (ds_mla::kNopeDim - kHalfDims) / kPieceDims;  // 24
 constexpr int kReduceThreads = kDim / 4;                                  // 128, 4 dims each
 constexpr int kMaxAutoSplits = 32;
-constexpr int kKeysPerSplitMin = 64;
+constexpr int kKeysPerSplitMin = kTileKeys;  // automatic splits: at least one tile each
 
 static_assert(kTileKeys == 32 && kKeysPerPass * kPasses == kTileKeys, "tile shape");
 
@@ -381,12 +381,20 @@ DSV4_DEVICE void copy_async_wait_all() {
 #endif
 }
 
+// The slot at position p of the row's key list (its main indices, then its extra ones); -1 past `last`
+// (then never used). Loaded a tile ahead of its copies, so that the index load's latency is hidden.
+DSV4_DEVICE int64_t fetch_slot(const SparseMlaDecodeArgs& args, int64_t main_begin, int64_t main_count,
+                               int64_t extra_begin, int64_t p, int64_t last) {
+  if (p >= last) return -1;
+  return p < main_count ? args.main.indices[main_begin + p] : args.extra.indices[extra_begin + p - main_count];
+}
+
 // Starts the copies of the records at positions [tile, tile + 32) (< last) of the row's key list into the
-// stage: 8 threads per key look up its slot (each the same index), then copy 4 or 5 chunks of 16 bytes;
-// one of them the 8 scale bytes. Invalid slots are marked and never read.
+// stage: 8 threads per key (each holding its slot, fetched earlier), each copying 4 or 5 chunks of 16
+// bytes; one of them the 8 scale bytes. Invalid slots are marked and never read.
 template <class Sh>
-DSV4_DEVICE void stage_tile(const SparseMlaDecodeArgs& args, int64_t main_begin, int64_t main_count,
-                            int64_t extra_begin, int64_t tile, int64_t last, Sh& sh, int tid) {
+DSV4_DEVICE void stage_tile(const SparseMlaDecodeArgs& args, int64_t main_count, int64_t tile, int64_t last,
+                            int64_t slot, Sh& sh, int tid) {
   const int key = tid / kStageThreadsPerKey;
   const int sub = tid % kStageThreadsPerKey;
   const int64_t p = tile + key;
@@ -396,8 +404,6 @@ DSV4_DEVICE void stage_tile(const SparseMlaDecodeArgs& args, int64_t main_begin,
   if (p < last) {
     const bool from_main = p < main_count;
     const SparseKeySource& source = from_main ? args.main : args.extra;
-    const int64_t slot =
-        from_main ? source.indices[main_begin + p] : source.indices[extra_begin + p - main_count];
     if (slot >= 0 && slot < source.capacity()) {
       const ds_mla::RecordAddress address = ds_mla::record_address(slot, source.block_size, source.block_stride);
       data = source.bytes + address.data;
@@ -440,31 +446,6 @@ __global__ void DSV4_SPARSE_MLA_BOUNDS sparse_mla_partial_kernel(SparseMlaDecode
   const int split = blockIdx.z;
   const int splits = gridDim.z;
 
-  for (int c = tid; c < 512; c += kThreads) {
-    sh.tables[c / 256][c % 256] =
-        table_value(c < 256 ? args.main.format : args.extra.format, static_cast<uint8_t>(c % 256));
-  }
-  {
-    const uint16_t* q_row = args.q + t * args.q_token_stride;
-    if (is_aligned(q_row, 16) && args.q_head_stride % 8 == 0) {  // the usual contiguous q: 16-byte loads
-      for (int i = tid; i < kRows * kDim / 8; i += kThreads) {
-        const int row = i / (kDim / 8);
-        const int dim = i % (kDim / 8) * 8;
-        const int64_t head = h0 + row;
-        *reinterpret_cast<uint4*>(sh.q + row * kKeyStride + dim) =
-            head < args.heads ? *reinterpret_cast<const uint4*>(q_row + head * args.q_head_stride + dim)
-                              : make_uint4(0, 0, 0, 0);
-      }
-    } else {
-      for (int i = tid; i < kRows * kDim; i += kThreads) {
-        const int row = i / kDim;
-        const int dim = i % kDim;
-        const int64_t head = h0 + row;
-        sh.q[row * kKeyStride + dim] = head < args.heads ? q_row[head * args.q_head_stride + dim] : uint16_t{0};
-      }
-    }
-  }
-
   // The row's key list: main positions [0, main_count), then extra ones.
   const int64_t main_begin = args.main.row_begin(t);
   const int64_t main_count = args.main.row_end(t) - main_begin;
@@ -497,9 +478,41 @@ __global__ void DSV4_SPARSE_MLA_BOUNDS sparse_mla_partial_kernel(SparseMlaDecode
   const int key_group = tid / kThreadsPerKey;
 
 #if DSV4_SPARSE_MLA_ASYNC_STAGE
-  if (first < last) stage_tile(args, main_begin, main_count, extra_begin, first, last, sh, tid);
+  // The first tile's copies fly while the decode tables and Q are set up; each thread holds the slot of
+  // its key in the tile after the one being copied.
+  const int stage_key = tid / kStageThreadsPerKey;
+  if (first < last) {
+    stage_tile(args, main_count, first, last,
+               fetch_slot(args, main_begin, main_count, extra_begin, first + stage_key, last), sh, tid);
+  }
   copy_async_commit();
+  int64_t next_slot = fetch_slot(args, main_begin, main_count, extra_begin, first + kTileKeys + stage_key, last);
 #endif
+  for (int c = tid; c < 512; c += kThreads) {
+    sh.tables[c / 256][c % 256] =
+        table_value(c < 256 ? args.main.format : args.extra.format, static_cast<uint8_t>(c % 256));
+  }
+  {
+    const uint16_t* q_row = args.q + t * args.q_token_stride;
+    if (is_aligned(q_row, 16) && args.q_head_stride % 8 == 0) {  // the usual contiguous q: 16-byte loads
+      for (int i = tid; i < kRows * kDim / 8; i += kThreads) {
+        const int row = i / (kDim / 8);
+        const int dim = i % (kDim / 8) * 8;
+        const int64_t head = h0 + row;
+        *reinterpret_cast<uint4*>(sh.q + row * kKeyStride + dim) =
+            head < args.heads ? *reinterpret_cast<const uint4*>(q_row + head * args.q_head_stride + dim)
+                              : make_uint4(0, 0, 0, 0);
+      }
+    } else {
+      for (int i = tid; i < kRows * kDim; i += kThreads) {
+        const int row = i / kDim;
+        const int dim = i % kDim;
+        const int64_t head = h0 + row;
+        sh.q[row * kKeyStride + dim] = head < args.heads ? q_row[head * args.q_head_stride + dim] : uint16_t{0};
+      }
+    }
+  }
+
   for (int64_t tile = first; tile < last; tile += kTileKeys) {
 #if DSV4_SPARSE_MLA_ASYNC_STAGE
     // This tile's records are in the stage (and the previous tile's compute is done): decode them into
@@ -516,7 +529,8 @@ __global__ void DSV4_SPARSE_MLA_BOUNDS sparse_mla_partial_kernel(SparseMlaDecode
     }
     __syncthreads();
     if (tile + kTileKeys < last) {
-      stage_tile(args, main_begin, main_count, extra_begin, tile + kTileKeys, last, sh, tid);
+      stage_tile(args, main_count, tile + kTileKeys, last, next_slot, sh, tid);
+      next_slot = fetch_slot(args, main_begin, main_count, extra_begin, tile + 2 * kTileKeys + stage_key, last);
     }
     copy_async_commit();
 #else
@@ -832,18 +846,33 @@ int sparse_mla_decode_num_splits(const SparseMlaDecodeArgs& args, int requested)
   if (args.tokens <= 0 || args.heads <= 0) return 1;
   const int64_t rows_per_block = heads_per_block(args.heads);
   const int64_t blocks = args.tokens * ((args.heads + rows_per_block - 1) / rows_per_block);
-  // Split only rows that leave multiprocessors idle: every split count above 1 also writes and reads
-  // 2 KB of fp32 partials per head and row (more than the keys' bytes at 64 heads and more).
-  const int64_t processors = device_multiprocessors();
-  if (blocks >= processors) return 1;
-  int64_t splits = (2 * processors + blocks - 1) / blocks;
-  // Enough keys per split to keep a split's fixed costs (Q fragments, partial write) small.
+  // Resident partial blocks: two a multiprocessor on NVIDIA (registers and shared memory allow it), one
+  // on the AMD targets (57 KB of LDS each).
+#if DSV4_SPARSE_MLA_MFMA_LAYOUT
+  const int64_t slots = device_multiprocessors();
+#else
+  const int64_t slots = 2 * static_cast<int64_t>(device_multiprocessors());
+#endif
+  if (blocks >= slots) return 1;
+  // The split count with the least modelled time: waves of blocks times (a block's fixed cost, about
+  // 1.5 tiles: the first loads, Q, the partial write; plus its tiles); ties go to fewer splits (less
+  // partial traffic). The average keys per row stands in for every row's.
   const int64_t keys = args.main.index_count + (args.extra.bytes != nullptr ? args.extra.index_count : 0);
   const int64_t per_row = (keys + args.tokens - 1) / args.tokens;
-  const int64_t by_keys = (per_row + kKeysPerSplitMin - 1) / kKeysPerSplitMin;
-  splits = splits < by_keys ? splits : by_keys;
-  splits = splits > kMaxAutoSplits ? kMaxAutoSplits : splits;
-  return static_cast<int>(splits < 1 ? 1 : splits);
+  int64_t max_splits = (per_row + kKeysPerSplitMin - 1) / kKeysPerSplitMin;
+  max_splits = max_splits > kMaxAutoSplits ? kMaxAutoSplits : (max_splits < 1 ? 1 : max_splits);
+  int64_t best = 1;
+  int64_t best_cost = -1;
+  for (int64_t splits = 1; splits <= max_splits; ++splits) {
+    const int64_t waves = (blocks * splits + slots - 1) / slots;
+    const int64_t tiles = (per_row + splits * kTileKeys - 1) / (splits * kTileKeys);
+    const int64_t cost = waves * (3 + 2 * tiles);  // in half tiles
+    if (best_cost < 0 || cost < best_cost) {
+      best = splits;
+      best_cost = cost;
+    }
+  }
+  return static_cast<int>(best);
 }
 
 int64_t sparse_mla_workspace_floats(const SparseMlaDecodeArgs& args) {
