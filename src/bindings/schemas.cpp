@@ -64,7 +64,7 @@ STABLE_TORCH_LIBRARY(dsv4, m) {
   m.def("hc_head(Tensor residual, Tensor fn, Tensor base, Tensor scale, float rms_eps, float eps) -> Tensor");
 
   // wo_a (spec/wo_a.md): inverse RoPE, inverse RoPE + UE8M0 group quantization, grouped FP8 GEMM with
-  // 1x128 / 128x128 UE8M0 block scales. CPU kernels so far.
+  // 1x128 / 128x128 UE8M0 block scales.
   m.def(
       "inverse_rope_group_quant(Tensor o, Tensor positions, Tensor cos_sin, int num_groups, int group_size, "
       "int fp8_format, float quant_max, bool apply_inverse_rope) -> (Tensor x_fp8, Tensor x_scale)");
@@ -77,7 +77,7 @@ STABLE_TORCH_LIBRARY(dsv4, m) {
   m.def("bmm_a8w8_mxscale.out(Tensor x, Tensor w, Tensor x_scale, Tensor w_scale, *, Tensor(a!) out) -> ()");
 
   // Sparse MLA decode over the fp8_ds_mla SWA ("main") and compressed ("extra") caches, with an attention
-  // sink (spec/sparse_mla_decode.md). CPU kernel so far.
+  // sink (spec/sparse_mla_decode.md).
   m.def(
       "sparse_mla_decode(Tensor q, Tensor main_cache, Tensor main_indices, Tensor main_indptr, int main_block_size, "
       "Tensor? extra_cache, Tensor? extra_indices, Tensor? extra_indptr, int extra_block_size, Tensor? attn_sink, "
@@ -85,7 +85,7 @@ STABLE_TORCH_LIBRARY(dsv4, m) {
       "Tensor(a!) out) -> ()");
 
   // Lightning indexer (spec/indexer.md): FP8 MQA logits (prefill), paged FP8 MQA logits (decode, MTP rows),
-  // per-row top-k. CPU kernels so far.
+  // per-row top-k.
   m.def(
       "fp8_mqa_logits(Tensor q, Tensor k, Tensor k_scale, Tensor weights, Tensor cu_seqlen_ks, Tensor cu_seqlen_ke, "
       "bool clean_logits) -> Tensor");
