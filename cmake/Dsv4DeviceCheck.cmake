@@ -59,41 +59,19 @@ foreach(_src IN LISTS DSV4OPS_KERNEL_SOURCES)
 endforeach()
 add_test(NAME device_sm_90a_no_spills COMMAND ${_checker} ptxas-no-spills ${_ptxas_logs})
 
-# ---- wo_a (spec/wo_a.md): the grouped FP8 GEMM runs on the matrix units of every target ----
-foreach(_arch gfx942 gfx950)
-  add_test(NAME device_${_arch}_wo_a_bmm_fp8_mfma
-           COMMAND ${_checker} expect-instruction v_mfma_f32_16x16x32_fp8_fp8
-                   ${_check_dir}/bmm_a8w8_mxscale.${_arch}.s)
-endforeach()
-add_test(NAME device_sm_90a_wo_a_bmm_fp8_mma
-         COMMAND ${_checker} expect-instruction mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32
-                 ${_check_dir}/bmm_a8w8_mxscale.sm_90a.ptx)
-# ---- end wo_a ----
-# ---- indexer (src/hip/indexer): the logits kernels use the matrix units on every target ----
-foreach(_arch gfx942 gfx950)
-  add_test(NAME device_${_arch}_indexer_fp8_mfma
-           COMMAND ${_checker} expect-instruction v_mfma_f32_16x16x32_fp8_fp8 ${_check_dir}/indexer_logits.${_arch}.s)
-endforeach()
-add_test(NAME device_sm_90a_indexer_fp8_mma
-         COMMAND ${_checker} expect-instruction mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32
-                 ${_check_dir}/indexer_logits.sm_90a.ptx)
-# ---- end indexer ----
-# ---- sparse_mla (issue 7): the split-K decode kernel runs S = Q K^T and P V on the matrix units ----
-foreach(_arch gfx942 gfx950)
-  add_test(NAME device_${_arch}_sparse_mla_mfma_instruction
-           COMMAND ${_checker} expect-instruction v_mfma_f32_16x16x16_bf16
-                   ${_check_dir}/sparse_mla_decode.${_arch}.s)
-endforeach()
-add_test(NAME device_sm_90a_sparse_mla_mma_instruction
-         COMMAND ${_checker} expect-instruction mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32
-                 ${_check_dir}/sparse_mla_decode.sm_90a.ptx)
-# ---- end sparse_mla ----
-# ---- mhc (spec/mhc.md): the pre dot products run on the matrix units of every target ----
-foreach(_arch gfx942 gfx950)
-  add_test(NAME device_${_arch}_mhc_bf16_mfma
-           COMMAND ${_checker} expect-instruction v_mfma_f32_16x16x16_bf16 ${_check_dir}/mhc.${_arch}.s)
-endforeach()
-add_test(NAME device_sm_90a_mhc_bf16_mma
-         COMMAND ${_checker} expect-instruction mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32
-                 ${_check_dir}/mhc.sm_90a.ptx)
-# ---- end mhc ----
+# The kernels that must run on the matrix units: the MFMA instruction in both AMD code objects and the
+# MMA instruction in the PTX of `source` (a kernel file's name without extension).
+function(dsv4_expect_matrix_units test_name source amd_instruction ptx_instruction)
+  foreach(_arch gfx942 gfx950)
+    add_test(NAME device_${_arch}_${test_name}
+             COMMAND ${_checker} expect-instruction ${amd_instruction} ${_check_dir}/${source}.${_arch}.s)
+  endforeach()
+  add_test(NAME device_sm_90a_${test_name}
+           COMMAND ${_checker} expect-instruction ${ptx_instruction} ${_check_dir}/${source}.sm_90a.ptx)
+endfunction()
+set(_fp8_mma mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32)
+set(_bf16_mma mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32)
+dsv4_expect_matrix_units(wo_a_bmm_matrix_units bmm_a8w8_mxscale v_mfma_f32_16x16x32_fp8_fp8 ${_fp8_mma})
+dsv4_expect_matrix_units(indexer_logits_matrix_units indexer_logits v_mfma_f32_16x16x32_fp8_fp8 ${_fp8_mma})
+dsv4_expect_matrix_units(sparse_mla_matrix_units sparse_mla_decode v_mfma_f32_16x16x16_bf16 ${_bf16_mma})
+dsv4_expect_matrix_units(mhc_matrix_units mhc v_mfma_f32_16x16x16_bf16 ${_bf16_mma})
