@@ -19,7 +19,7 @@ namespace {
 
 constexpr int kThreads = 256;
 constexpr int kHalfLanes = 32;     // reductions stay within 32-lane groups on both vendors
-constexpr int kTargetBlocks = 264;  // dots blocks: about two per SM on current GPUs
+constexpr int kTargetBlocks = 528;  // dots blocks: about four per SM on current GPUs
 constexpr int kDotsWarps = 4;
 constexpr int kDotsTilesPerWarp = 1;  // 16-token tiles per warp in the pre dots kernel
 constexpr int kDotsTokens = kDotsWarps * kDotsTilesPerWarp * tile::kRows;  // tokens per pre dots block
@@ -179,7 +179,7 @@ template <int kMixes>
 __global__ void __launch_bounds__(kDotsWarps * kWarpSize) mhc_dots_kernel(MhcPreArgs args) {
   using Chunk = FnChunk<kMixes>;
   constexpr int kBlockThreads = kDotsWarps * kWarpSize;
-  __shared__ Chunk fn_chunk;
+  __shared__ Chunk fn_chunks[2];
   const int lane = threadIdx.x % kWarpSize;
   const int warp = threadIdx.x / kWarpSize;
   const int run = tile::run_of(lane);
@@ -210,8 +210,6 @@ __global__ void __launch_bounds__(kDotsWarps * kWarpSize) mhc_dots_kernel(MhcPre
     }
   }
 
-  // Software pipeline: the next chunk's fn values wait in registers (staged) and this chunk's stream
-  // values are in flight while the block synchronizes.
   constexpr int kStaged = (Chunk::kVectors + kBlockThreads - 1) / kBlockThreads;
   float4 staged[kStaged];
   const auto stage = [&](int64_t k0) {
@@ -221,10 +219,8 @@ __global__ void __launch_bounds__(kDotsWarps * kWarpSize) mhc_dots_kernel(MhcPre
       if (f < Chunk::kVectors) staged[s] = Chunk::load(args.fn, count, k0, f);
     }
   };
-  if (steps > 0) stage(k_of(0));
-  for (int64_t step = 0; step < steps; ++step) {
-    const int64_t k0 = k_of(step);
-    uint4 a_runs[kDotsTilesPerWarp][tile::kRowsPerLane][2];
+  using Runs = uint4[kDotsTilesPerWarp][tile::kRowsPerLane][2];
+  const auto load_a = [&](int64_t k0, Runs& a_runs) {
 #pragma unroll
     for (int m = 0; m < kDotsTilesPerWarp; ++m) {
 #pragma unroll
@@ -238,16 +234,45 @@ __global__ void __launch_bounds__(kDotsWarps * kWarpSize) mhc_dots_kernel(MhcPre
         }
       }
     }
-    __syncthreads();  // the previous chunk of fn is no longer read
+  };
+  const auto store_staged = [&](Chunk& chunk) {
 #pragma unroll
     for (int s = 0; s < kStaged; ++s) {
       const int f = threadIdx.x + s * kBlockThreads;
-      if (f < Chunk::kVectors) fn_chunk.store(f, staged[s]);
+      if (f < Chunk::kVectors) chunk.store(f, staged[s]);
     }
+  };
+  // Pipeline: while a chunk is multiplied (fn from one shared buffer), the next chunk's stream values and
+  // fn values load into registers, and the fn values then go to the other buffer: one barrier per chunk.
+  Runs next_runs;
+  if (steps > 0) {
+    stage(k_of(0));
+    load_a(k_of(0), next_runs);
+    store_staged(fn_chunks[0]);
     __syncthreads();
-    if (step + 1 < steps) stage(k_of(step + 1));
+  }
+  for (int64_t step = 0; step < steps; ++step) {
+    Runs a_runs;
 #pragma unroll
-    for (int m = 0; m < kDotsTilesPerWarp; ++m) accumulate_chunk<kMixes>(acc[m], squares[m], a_runs[m], fn_chunk, lane);
+    for (int m = 0; m < kDotsTilesPerWarp; ++m) {
+#pragma unroll
+      for (int i = 0; i < tile::kRowsPerLane; ++i) {
+        a_runs[m][i][0] = next_runs[m][i][0];
+        a_runs[m][i][1] = next_runs[m][i][1];
+      }
+    }
+    const bool more = step + 1 < steps;
+    if (more) {
+      stage(k_of(step + 1));
+      load_a(k_of(step + 1), next_runs);
+    }
+#pragma unroll
+    for (int m = 0; m < kDotsTilesPerWarp; ++m) {
+      accumulate_chunk<kMixes>(acc[m], squares[m], a_runs[m], fn_chunks[step % 2], lane);
+    }
+    // The other buffer was last read in the previous step, before the barrier that ended it.
+    if (more) store_staged(fn_chunks[(step + 1) % 2]);
+    __syncthreads();
   }
 #pragma unroll
   for (int m = 0; m < kDotsTilesPerWarp; ++m) {
