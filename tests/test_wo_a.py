@@ -477,6 +477,21 @@ def test_gemm_nan_scale_byte_and_extreme_exponents(device):
                       reference.bmm_a8w8_mxscale(x, w, x_scale, w_scale, torch.float64).cpu())
 
 
+@pytest.mark.parametrize("device", DEVICES)
+def test_inverse_rope_nan_lanes_are_the_canonical_quiet_nan(device):
+    """A NaN in a rope pair makes both rotated lanes NaN, and a NaN NoPE lane stays NaN; every NaN comes out
+    as 0x7FC0 whatever its payload and sign, on every device (processors propagate payloads differently)."""
+    o = attention_output(2, 8, seed=37)
+    bits = o.view(torch.int16)
+    bits[0, 0, 450] = 0x7F81  # a signalling NaN with a payload
+    bits[1, 3, 5] = -0x0001  # 0xFFFF: a negative quiet NaN with a payload
+    got = torch.ops.dsv4.inverse_rope(o.to(device), torch.arange(2, device=device), rope_table(8).to(device)).cpu()
+    got_bits = got.view(torch.int16)
+    assert int(got_bits[0, 0, 450]) == 0x7FC0 and int(got_bits[0, 0, 451]) == 0x7FC0
+    assert int(got_bits[1, 3, 5]) == 0x7FC0
+    assert int(torch.isnan(got).sum()) == 3
+
+
 def test_inverse_rope_invalid_inputs_compile_and_empty():
     with pytest.raises(RuntimeError, match="o must have dtype bfloat16"):
         torch.ops.dsv4.inverse_rope(torch.zeros(2, 8, 512), torch.arange(2), rope_table(8))
@@ -538,6 +553,7 @@ def test_gpu_inverse_rope_bytes_equal_cpu(s, heads, misaligned):
     o_gpu = _misaligned(o.cuda(), 4) if misaligned else o.cuda()
     got = torch.ops.dsv4.inverse_rope(o_gpu, positions.cuda(), cos_sin.cuda())
     assert_bytes_equal(got.view(torch.uint8), want.view(torch.uint8))
+    assert int(want.view(torch.int16)[0, 0, 450]) == 0x7FC0  # NaN lanes: the one canonical quiet NaN
 
 
 _WEIGHTS = {}

@@ -20,7 +20,7 @@
 //
 // Work split (256 threads a block):
 //   * M <= 64 (decode: the op reads the weight once and is bound by it): bmm_kernel, split-K. A block owns
-//     kMTiles * 16 rows and 16 columns of one group (64 blocks per group for N = 1024); every warp covers
+//     16 rows and 16 columns of one group (64 blocks per group and M tile for N = 1024); every warp covers
 //     them over a strided share of the K blocks, with fragments loaded straight from global memory
 //     (16-byte loads, the next K block's weight in flight while one multiplies); the warps' fp32 sums are
 //     added in shared memory in warp order (deterministic, no atomics).
@@ -163,8 +163,8 @@ __global__ void __launch_bounds__(kThreads) bmm_kernel(BmmA8W8MxScaleArgs args) 
   const int segment = lane % 4;
 #endif
   const int64_t group = blockIdx.z;
-  const int64_t m0 = static_cast<int64_t>(blockIdx.y) * (kMTiles * 16);
-  const int64_t n_warp = static_cast<int64_t>(blockIdx.x) * kBlockN + warp_n * (kNTiles * kTileN);
+  const int64_t m0 = static_cast<int64_t>(blockIdx.x) * (kMTiles * 16);
+  const int64_t n_warp = static_cast<int64_t>(blockIdx.y) * kBlockN + warp_n * (kNTiles * kTileN);
   const int64_t k_blocks = args.k / kBlockK;
   const int shift = encoding_shift(args);
 
@@ -558,8 +558,9 @@ __global__ void __launch_bounds__(kThreads) bmm_tiled_kernel(BmmA8W8MxScaleArgs 
 template <int kMTiles, int kBlockN, bool kSplitK>
 LaunchStatus launch_config(const BmmA8W8MxScaleArgs& args, bool vector, hipStream_t stream) {
   const int64_t m_tiles = (args.m + kMTiles * 16 - 1) / (kMTiles * 16);
-  if (m_tiles > 65535 || args.groups > 65535 || args.n / kBlockN > 0x7fffffff) return LaunchStatus::kInvalidArgument;
-  const dim3 grid(static_cast<unsigned>(args.n / kBlockN), static_cast<unsigned>(m_tiles),
+  if (m_tiles > 0x7fffffff || args.groups > 65535 || args.n / kBlockN > 65535) return LaunchStatus::kInvalidArgument;
+  // x: the M tiles (fastest: the blocks that share a weight tile run together), y: N tiles, z: groups.
+  const dim3 grid(static_cast<unsigned>(m_tiles), static_cast<unsigned>(args.n / kBlockN),
                   static_cast<unsigned>(args.groups));
   if (vector) {
     hipLaunchKernelGGL((bmm_kernel<kMTiles, kBlockN, kSplitK, true>), grid, dim3(kThreads), 0, stream, args);
@@ -580,11 +581,16 @@ LaunchStatus launch_bmm_a8w8_mxscale(const BmmA8W8MxScaleArgs& args, void* strea
   const bool vector = is_aligned(args.x, 16) && is_aligned(args.w, 16) && args.x_stride_m % 16 == 0 &&
                       args.x_stride_g % 16 == 0 && args.w_stride_g % 16 == 0 && args.w_stride_n % 16 == 0;
   const auto hip_stream = static_cast<hipStream_t>(stream);
-  if (args.m <= 16) return launch_config<1, 16, true>(args, vector, hip_stream);
-  if (args.m <= 32) return launch_config<2, 16, true>(args, vector, hip_stream);
-  if (args.m <= 64) return launch_config<4, 16, true>(args, vector, hip_stream);
-  if (!vector) return launch_config<4, 128, false>(args, vector, hip_stream);  // unaligned rows: no staging
+  // M <= 64: 16-row tiles (H200: 13.7 us for M = 16, G = 8, where 64-row tiles took 50 us at M = 64 with
+  // one 254-register block per SM); the M tiles of an N tile are neighbours in the grid, so the weight
+  // tile they share is read from DRAM about once.
   const int64_t m_tiles = (args.m + kTileM - 1) / kTileM;
+  // Up to M = 256, a tiled grid of less than one block per SM of a current GPU (H200: 132) leaves most of
+  // it idle (M = 256, G = 1: 32 blocks, 52 us): the split-K kernel's many small blocks serve it instead.
+  constexpr int64_t kFewBlocks = 132;
+  const bool few_tiles = args.m <= 256 && m_tiles * (args.n / kTileNLarge) * args.groups < kFewBlocks;
+  if (args.m <= 64 || few_tiles) return launch_config<1, 16, true>(args, vector, hip_stream);
+  if (!vector) return launch_config<4, 128, false>(args, vector, hip_stream);  // unaligned rows: no staging
   if (m_tiles > 65535 || args.groups > 65535) return LaunchStatus::kInvalidArgument;
   const dim3 grid(static_cast<unsigned>(args.n / kTileNLarge), static_cast<unsigned>(m_tiles),
                   static_cast<unsigned>(args.groups));

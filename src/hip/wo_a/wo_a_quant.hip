@@ -18,6 +18,7 @@
 #include "dsv4/launch.h"
 #include "dsv4/rope.h"
 #include "dsv4/ue8m0.h"
+#include "dsv4/wo_a.h"
 #include "wo_a_launchers.h"
 
 namespace dsv4::gpu {
@@ -131,12 +132,12 @@ __global__ void __launch_bounds__(kElementwiseThreads)
     load_bf16<kRopeLanes>(args.o + flat, vector, values);
     unrotate<kRopeLanes, kBf16Table>(args.rope, split.quotient, static_cast<int>((split.remainder * kRopeLanes) % kHeadDim),
                          values);
-    // Every lane goes through fp32 and back, as on the CPU (a signalling NaN comes out quiet).
+    // Every lane goes through fp32 and back, as on the CPU (NaN as the one canonical quiet NaN).
     uint32_t words[kRopeLanes / 2];
 #pragma unroll
     for (int i = 0; i < kRopeLanes / 2; ++i) {
-      words[i] = static_cast<uint32_t>(float_to_bf16_bits(values[2 * i])) |
-                 (static_cast<uint32_t>(float_to_bf16_bits(values[2 * i + 1])) << 16);
+      words[i] = static_cast<uint32_t>(wo_a::rope_output_bits(values[2 * i])) |
+                 (static_cast<uint32_t>(wo_a::rope_output_bits(values[2 * i + 1])) << 16);
     }
     uint16_t* out = args.out + flat;
     if (vector) {
