@@ -233,9 +233,16 @@ def wo_a_forward(o: torch.Tensor, positions: torch.Tensor, plan: WoAPlan, apply_
         x_fp8, x_scale = inverse_rope_group_quant(o, positions, plan.cos_sin, g, GROUP_SIZE, plan.fp8_format,
                                                   plan.quant_max, apply_inverse_rope)
         w = plan.weight.view(g, plan.o_lora_rank, -1)
+        z = None
         if path == "vendor_fp8":
-            z = _vendor_block_scaled_bmm(x_fp8, w, x_scale, plan.weight_scale, o.dtype)
-        else:
+            try:
+                z = _vendor_block_scaled_bmm(x_fp8, w, x_scale, plan.weight_scale, o.dtype)
+            except RuntimeError as error:  # a shape the vendor library refuses (e.g. cuBLAS at M = 1)
+                reason = f"vendor block-scaled GEMM refused T={t}: {str(error).splitlines()[0][:160]}"
+                if reason not in _logged:
+                    _logged.add(reason)
+                    logger.warning("dsv4ops: wo_a falls back to the dsv4ops FP8 GEMM: %s", reason)
+        if z is None:
             z = bmm_a8w8_mxscale(x_fp8, w, x_scale, plan.weight_scale, o.dtype)
     else:
         x = inverse_rope(o, positions, plan.cos_sin) if apply_inverse_rope else o
