@@ -42,8 +42,9 @@ _logged: set = set()
 #   "bf16"        the BF16 path (inverse RoPE, BF16 einsum on the dequantized weight, built on first use).
 # Devices not listed take "fp8_kernel". Tune the rows from bench/bench_wo_a.py on the target GPU.
 # cuda (H200, bench_wo_a 2026-11-30, G in {1, 2, 8, 16}, N = 1024, K = 4096): dsv4ops leads up to T = 1024
-# (decode: 3-48x cuBLAS per group; T = 1024: 0.9-1.9x), cuBLAS block-scaled FP8 from T = 4096 on (2-5x
-# dsv4ops' ~170 TFLOP/s); the crossover between 1024 and 4096 is unmeasured. (cuBLAS BF16 bmm beats
+# (T = 16..64: 7-48x cuBLAS per group, which refuses T = 1; T = 256: 1.6-4.4x; T = 1024: 0.9-1.9x), cuBLAS
+# block-scaled FP8 from T = 4096 on (2-5x dsv4ops' ~170 TFLOP/s); the crossover between 1024 and 4096 is
+# unmeasured. (cuBLAS BF16 bmm beats
 # both at T = 256..1024, but the BF16 path is not the FP8 path's numerics and doubles the weight memory:
 # not chosen by default.)
 WO_A_GEMM_PATHS = {
