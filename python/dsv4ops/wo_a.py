@@ -41,8 +41,14 @@ _logged: set = set()
 #                 "fp8_kernel");
 #   "bf16"        the BF16 path (inverse RoPE, BF16 einsum on the dequantized weight, built on first use).
 # Devices not listed take "fp8_kernel". Tune the rows from bench/bench_wo_a.py on the target GPU.
+# cuda (H200, bench_wo_a 2026-11-30, G in {1, 2, 8, 16}, N = 1024, K = 4096): dsv4ops leads up to T = 1024
+# (T = 16..64: 7-48x cuBLAS per group, which refuses T = 1; T = 256: 1.6-4.4x; T = 1024: 0.9-1.9x), cuBLAS
+# block-scaled FP8 from T = 4096 on (2-5x dsv4ops' ~170 TFLOP/s); the crossover between 1024 and 4096 is
+# unmeasured. (cuBLAS BF16 bmm beats
+# both at T = 256..1024, but the BF16 path is not the FP8 path's numerics and doubles the weight memory:
+# not chosen by default.)
 WO_A_GEMM_PATHS = {
-    "cuda": ((None, "fp8_kernel"),),
+    "cuda": ((1024, "fp8_kernel"), (None, "vendor_fp8")),
     "cpu": ((None, "fp8_kernel"),),
 }
 GEMM_PATH_NAMES = ("fp8_kernel", "vendor_fp8", "bf16")
@@ -228,9 +234,16 @@ def wo_a_forward(o: torch.Tensor, positions: torch.Tensor, plan: WoAPlan, apply_
         x_fp8, x_scale = inverse_rope_group_quant(o, positions, plan.cos_sin, g, GROUP_SIZE, plan.fp8_format,
                                                   plan.quant_max, apply_inverse_rope)
         w = plan.weight.view(g, plan.o_lora_rank, -1)
+        z = None
         if path == "vendor_fp8":
-            z = _vendor_block_scaled_bmm(x_fp8, w, x_scale, plan.weight_scale, o.dtype)
-        else:
+            try:
+                z = _vendor_block_scaled_bmm(x_fp8, w, x_scale, plan.weight_scale, o.dtype)
+            except RuntimeError as error:  # a shape the vendor library refuses (e.g. cuBLAS at M = 1)
+                reason = f"vendor block-scaled GEMM refused T={t}: {str(error).splitlines()[0][:160]}"
+                if reason not in _logged:
+                    _logged.add(reason)
+                    logger.warning("dsv4ops: wo_a falls back to the dsv4ops FP8 GEMM: %s", reason)
+        if z is None:
             z = bmm_a8w8_mxscale(x_fp8, w, x_scale, plan.weight_scale, o.dtype)
     else:
         x = inverse_rope(o, positions, plan.cos_sin) if apply_inverse_rope else o

@@ -8,6 +8,7 @@
 #include "dsv4/ds_mla.h"
 #include "dsv4/rope.h"
 #include "dsv4/ue8m0.h"
+#include "dsv4/wo_a.h"
 #include "cpu/fp8/fp8_decode_table.h"
 
 namespace dsv4::cpu {
@@ -69,7 +70,7 @@ void inverse_rope(const InverseRopeArgs& args, int64_t begin, int64_t end) {
   std::vector<float> values(static_cast<size_t>(count));
   for (int64_t token = begin; token < end; ++token) {
     token_values(args.o, args.heads, args.rope, token, true, values.data());
-    for (int64_t i = 0; i < count; ++i) args.out[token * count + i] = float_to_bf16_bits(values[i]);
+    for (int64_t i = 0; i < count; ++i) args.out[token * count + i] = wo_a::rope_output_bits(values[i]);
   }
 }
 

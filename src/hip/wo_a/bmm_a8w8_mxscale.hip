@@ -20,7 +20,7 @@
 //
 // Work split (256 threads a block):
 //   * M <= 64 (decode: the op reads the weight once and is bound by it): bmm_kernel, split-K. A block owns
-//     kMTiles * 16 rows and 16 columns of one group (64 blocks per group for N = 1024); every warp covers
+//     16 rows and 16 columns of one group (64 blocks per group and M tile for N = 1024); every warp covers
 //     them over a strided share of the K blocks, with fragments loaded straight from global memory
 //     (16-byte loads, the next K block's weight in flight while one multiplies); the warps' fp32 sums are
 //     added in shared memory in warp order (deterministic, no atomics).
@@ -163,8 +163,8 @@ __global__ void __launch_bounds__(kThreads) bmm_kernel(BmmA8W8MxScaleArgs args) 
   const int segment = lane % 4;
 #endif
   const int64_t group = blockIdx.z;
-  const int64_t m0 = static_cast<int64_t>(blockIdx.y) * (kMTiles * 16);
-  const int64_t n_warp = static_cast<int64_t>(blockIdx.x) * kBlockN + warp_n * (kNTiles * kTileN);
+  const int64_t m0 = static_cast<int64_t>(blockIdx.x) * (kMTiles * 16);
+  const int64_t n_warp = static_cast<int64_t>(blockIdx.y) * kBlockN + warp_n * (kNTiles * kTileN);
   const int64_t k_blocks = args.k / kBlockK;
   const int shift = encoding_shift(args);
 
@@ -329,9 +329,8 @@ __global__ void __launch_bounds__(kThreads) bmm_kernel(BmmA8W8MxScaleArgs args) 
 }
 
 // Large M: a 128 x 64 output tile per block, K in stages of 64 (two per scale block) staged through
-// shared memory, double-buffered: the next stage's loads are in flight while the current stage
-// multiplies (NVIDIA: cp.async into the other buffer; AMD: held in registers, stored after the
-// multiply). Warps: (warps / 2) along M x 2 along N, each a (128 / (warps / 2)) x 32 tile (NVIDIA
+// shared memory while earlier stages multiply (NVIDIA: a 4-buffer cp.async ring, three stages in flight;
+// AMD: double-buffered, the next stage held in registers and stored after the multiply). Warps: (warps / 2) along M x 2 along N, each a (128 / (warps / 2)) x 32 tile (NVIDIA
 // 32 x 32 = 2 x 4 unit tiles, AMD 64 x 32 = 4 x 2). A 64-byte shared row makes a lane's 16-byte fragment
 // reads conflict-free (the 8 lanes of a phase read 128 contiguous bytes).
 constexpr int kTileM = 128;
@@ -349,8 +348,13 @@ __global__ void __launch_bounds__(kThreads) bmm_tiled_kernel(BmmA8W8MxScaleArgs 
   constexpr int kMTiles = kTileM / kWarpsM / 16;
   constexpr int kNTiles = kWarpN / kTileN;
   constexpr int kAcc = kMTiles * kNTiles * 4;
-  __shared__ __attribute__((aligned(16))) uint8_t a_stage[2][kTileM * kStageK];
-  __shared__ __attribute__((aligned(16))) uint8_t b_stage[2][kTileNLarge * kStageK];
+#if defined(__CUDA_ARCH__)
+  constexpr int kStages = 4;  // cp.async ring: three stages in flight while one multiplies (48 KiB)
+#else
+  constexpr int kStages = 2;
+#endif
+  __shared__ __attribute__((aligned(16))) uint8_t a_stage[kStages][kTileM * kStageK];
+  __shared__ __attribute__((aligned(16))) uint8_t b_stage[kStages][kTileNLarge * kStageK];
 
   const int lane = static_cast<int>(threadIdx.x) % kWarpSize;
   const int warp = static_cast<int>(threadIdx.x) / kWarpSize;
@@ -449,7 +453,14 @@ __global__ void __launch_bounds__(kThreads) bmm_tiled_kernel(BmmA8W8MxScaleArgs 
   for (int i = 0; i < kAcc; ++i) acc[i] = 0.0f;
 
 #if defined(__CUDA_ARCH__)
-  issue_stage(0, 0);
+#pragma unroll
+  for (int s = 0; s < kStages - 1; ++s) {
+    if (s < stages) {
+      issue_stage(s, s);
+    } else {
+      asm volatile("cp.async.commit_group;\n" ::);  // an empty group keeps the count uniform
+    }
+  }
 #else
   load_stage(0);
   store_stage(0);
@@ -461,25 +472,27 @@ __global__ void __launch_bounds__(kThreads) bmm_tiled_kernel(BmmA8W8MxScaleArgs 
 #pragma unroll
     for (int i = 0; i < kAcc; ++i) part[i] = 0.0f;
 #pragma unroll
-    for (int half = 0; half < 2; ++half) {  // stage 2 kb + half lives in buffer `half`
+    for (int half = 0; half < 2; ++half) {  // stage 2 kb + half lives in buffer stage % kStages
       const int64_t stage = 2 * kb + half;
-      const bool more = stage + 1 < stages;
+      const int buffer = static_cast<int>(stage % kStages);
 #if defined(__CUDA_ARCH__)
-      if (more) {
-        issue_stage(stage + 1, half ^ 1);
-        asm volatile("cp.async.wait_group 1;\n" ::);
+      // Groups committed so far: stage + kStages - 1; with at most kStages - 2 pending, this stage's landed.
+      asm volatile("cp.async.wait_group %0;\n" ::"n"(kStages - 2));
+      __syncthreads();  // every thread's copies visible, and every warp done with the buffer refilled next
+      if (stage + kStages - 1 < stages) {
+        issue_stage(stage + kStages - 1, static_cast<int>((stage + kStages - 1) % kStages));
       } else {
-        asm volatile("cp.async.wait_group 0;\n" ::);
+        asm volatile("cp.async.commit_group;\n" ::);
       }
-      __syncthreads();
 #else
+      const bool more = stage + 1 < stages;
       if (more) load_stage(stage + 1);
 #endif
       Frag16 b[kNTiles];
 #pragma unroll
       for (int nt = 0; nt < kNTiles; ++nt) {
         const int row = warp_n * kWarpN + nt * kTileN + frag_row;
-        const uint4 v = *reinterpret_cast<const uint4*>(&b_stage[half][row * kStageK + segment * 16]);
+        const uint4 v = *reinterpret_cast<const uint4*>(&b_stage[buffer][row * kStageK + segment * 16]);
         b[nt] = Frag16{{v.x, v.y, v.z, v.w}};
       }
 #pragma unroll
@@ -489,7 +502,7 @@ __global__ void __launch_bounds__(kThreads) bmm_tiled_kernel(BmmA8W8MxScaleArgs 
         for (int h = 0; h < 2; ++h) {
           const int row = warp_m * (kMTiles * 16) + mt * 16 + frag_row + (kLaneRows == 2 ? 8 * h : 0);
           if (h == 0 || kLaneRows == 2) {
-            const uint4 v = *reinterpret_cast<const uint4*>(&a_stage[half][row * kStageK + segment * 16]);
+            const uint4 v = *reinterpret_cast<const uint4*>(&a_stage[buffer][row * kStageK + segment * 16]);
             a[h] = Frag16{{v.x, v.y, v.z, v.w}};
           } else {
             a[h] = a[0];
@@ -502,9 +515,9 @@ __global__ void __launch_bounds__(kThreads) bmm_tiled_kernel(BmmA8W8MxScaleArgs 
         }
       }
 #if !defined(__CUDA_ARCH__)
-      if (more) store_stage(half ^ 1);
-#endif
+      if (more) store_stage(buffer ^ 1);
       __syncthreads();
+#endif
     }
     const uint32_t ws = w_scale_row[kb];
 #pragma unroll
@@ -558,8 +571,9 @@ __global__ void __launch_bounds__(kThreads) bmm_tiled_kernel(BmmA8W8MxScaleArgs 
 template <int kMTiles, int kBlockN, bool kSplitK>
 LaunchStatus launch_config(const BmmA8W8MxScaleArgs& args, bool vector, hipStream_t stream) {
   const int64_t m_tiles = (args.m + kMTiles * 16 - 1) / (kMTiles * 16);
-  if (m_tiles > 65535 || args.groups > 65535 || args.n / kBlockN > 0x7fffffff) return LaunchStatus::kInvalidArgument;
-  const dim3 grid(static_cast<unsigned>(args.n / kBlockN), static_cast<unsigned>(m_tiles),
+  if (m_tiles > 0x7fffffff || args.groups > 65535 || args.n / kBlockN > 65535) return LaunchStatus::kInvalidArgument;
+  // x: the M tiles (fastest: the blocks that share a weight tile run together), y: N tiles, z: groups.
+  const dim3 grid(static_cast<unsigned>(m_tiles), static_cast<unsigned>(args.n / kBlockN),
                   static_cast<unsigned>(args.groups));
   if (vector) {
     hipLaunchKernelGGL((bmm_kernel<kMTiles, kBlockN, kSplitK, true>), grid, dim3(kThreads), 0, stream, args);
@@ -580,11 +594,16 @@ LaunchStatus launch_bmm_a8w8_mxscale(const BmmA8W8MxScaleArgs& args, void* strea
   const bool vector = is_aligned(args.x, 16) && is_aligned(args.w, 16) && args.x_stride_m % 16 == 0 &&
                       args.x_stride_g % 16 == 0 && args.w_stride_g % 16 == 0 && args.w_stride_n % 16 == 0;
   const auto hip_stream = static_cast<hipStream_t>(stream);
-  if (args.m <= 16) return launch_config<1, 16, true>(args, vector, hip_stream);
-  if (args.m <= 32) return launch_config<2, 16, true>(args, vector, hip_stream);
-  if (args.m <= 64) return launch_config<4, 16, true>(args, vector, hip_stream);
-  if (!vector) return launch_config<4, 128, false>(args, vector, hip_stream);  // unaligned rows: no staging
+  // M <= 64: 16-row tiles (H200: 13.7 us for M = 16, G = 8, where 64-row tiles took 50 us at M = 64 with
+  // one 254-register block per SM); the M tiles of an N tile are neighbours in the grid, so the weight
+  // tile they share is read from DRAM about once.
   const int64_t m_tiles = (args.m + kTileM - 1) / kTileM;
+  // Up to M = 256, a tiled grid of less than one block per SM of a current GPU (H200: 132) leaves most of
+  // it idle (M = 256, G = 1: 32 blocks, 52 us): the split-K kernel's many small blocks serve it instead.
+  constexpr int64_t kFewBlocks = 132;
+  const bool few_tiles = args.m <= 256 && m_tiles * (args.n / kTileNLarge) * args.groups < kFewBlocks;
+  if (args.m <= 64 || few_tiles) return launch_config<1, 16, true>(args, vector, hip_stream);
+  if (!vector) return launch_config<4, 128, false>(args, vector, hip_stream);  // unaligned rows: no staging
   if (m_tiles > 65535 || args.groups > 65535) return LaunchStatus::kInvalidArgument;
   const dim3 grid(static_cast<unsigned>(args.n / kTileNLarge), static_cast<unsigned>(m_tiles),
                   static_cast<unsigned>(args.groups));

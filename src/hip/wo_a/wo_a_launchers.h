@@ -9,8 +9,8 @@
 
 namespace dsv4::gpu {
 
-// inverse_rope_group_quant: one thread per 16 consecutive lanes of a token's heads (2 x 16-byte loads,
-// one 16-byte store), the group amax by a butterfly over the group_size / 16 threads of a quant group.
+// inverse_rope_group_quant: one thread per 32 consecutive lanes of a token's heads (4 x 16-byte loads,
+// 2 x 16-byte stores), the group amax by a butterfly over the group_size / 32 threads of a quant group.
 LaunchStatus launch_inverse_rope_group_quant(const InverseRopeGroupQuantArgs& args, void* stream);
 
 // inverse_rope: one thread per 8 consecutive lanes (16-byte load and store).

@@ -5,12 +5,13 @@
 //
 // Both kernels are memory bound and treat the input as a flat array: o [S, H, 512] read as [S, G, D]
 // is the same element order as x_fp8 [S, G, D] (spec §3.5), so element e of o becomes byte e of x_fp8.
-// group quant: a thread owns 16 consecutive lanes (two 16-byte loads, one 16-byte store); a quant group
-// of group_size lanes is group_size / 16 consecutive threads (2, 4 or 8), whose amax is a butterfly of
-// shuffles. 448 = 28 * 16, so a thread's lanes are all NoPE or all rope lanes of one head.
+// group quant: a thread owns 32 consecutive lanes (four 16-byte loads, two 16-byte stores); a quant group
+// of group_size lanes is group_size / 32 consecutive threads (1, 2 or 4), whose amax is a butterfly of
+// shuffles. 448 = 14 * 32, so a thread's lanes are all NoPE or all rope lanes of one head.
 // inverse_rope: a thread owns 8 lanes (one 16-byte load and store).
-// Grid-stride loops; the number of threads' items is a multiple of 32, so a warp (32 lanes on NVIDIA)
-// is always wholly active or wholly done, and a shuffle group (<= 8 aligned lanes) on either vendor too.
+// Grid-stride loops over the threads' items (a multiple of 16 for the quantizer, run to the next multiple
+// of 32 with the extra lanes idle; a multiple of 64 for inverse_rope), so a warp (32 lanes on NVIDIA) is
+// always wholly active or wholly done, and a shuffle group (<= 4 aligned lanes) on either vendor too.
 #include "dsv4/bf16.h"
 #include "dsv4/ds_mla.h"
 #include "dsv4/fp8.h"
@@ -18,6 +19,7 @@
 #include "dsv4/launch.h"
 #include "dsv4/rope.h"
 #include "dsv4/ue8m0.h"
+#include "dsv4/wo_a.h"
 #include "wo_a_launchers.h"
 
 namespace dsv4::gpu {
@@ -27,7 +29,7 @@ constexpr int kHeadDim = 512;
 constexpr int kRopeDim = 64;
 constexpr int kNopeDim = kHeadDim - kRopeDim;
 constexpr float kGroupAmaxFloor = 1e-8f;  // spec §3.3, as the CPU path
-constexpr int kQuantLanes = 16;           // lanes per thread, group quant
+constexpr int kQuantLanes = 32;           // lanes per thread, group quant
 constexpr int kRopeLanes = 8;             // lanes per thread, inverse_rope
 
 template <int kCount>
@@ -79,15 +81,24 @@ __global__ void __launch_bounds__(kElementwiseThreads)
     group_quant_kernel(InverseRopeGroupQuantArgs args, int64_t items, bool vector) {
   const int64_t items_per_token = args.heads * (kHeadDim / kQuantLanes);
   const int64_t width = args.heads * kHeadDim / args.groups;  // D
-  for (int64_t item = global_thread_index(); item < items; item += global_thread_count()) {
-    const IndexSplit split = divide_index(item, items_per_token);
+  // items is a multiple of 16: the loop runs to the next multiple of 32 so that a 32-lane warp is wholly
+  // in or out (the shuffles need every lane); lanes past the end load, rotate and store nothing.
+  const int64_t loop_items = (items + 31) / 32 * 32;
+  for (int64_t item = global_thread_index(); item < loop_items; item += global_thread_count()) {
+    const bool valid = item < items;
+    const IndexSplit split = divide_index(valid ? item : 0, items_per_token);
     const int64_t token = split.quotient;
     const int64_t lane_in_token = split.remainder * kQuantLanes;
     const int64_t flat = item * kQuantLanes;
     float values[kQuantLanes];
-    load_bf16<kQuantLanes>(args.o + flat, vector, values);
-    if (args.apply_inverse_rope) {
-      unrotate<kQuantLanes, kBf16Table>(args.rope, token, static_cast<int>(lane_in_token % kHeadDim), values);
+    if (valid) {
+      load_bf16<kQuantLanes>(args.o + flat, vector, values);
+      if (args.apply_inverse_rope) {
+        unrotate<kQuantLanes, kBf16Table>(args.rope, token, static_cast<int>(lane_in_token % kHeadDim), values);
+      }
+    } else {
+#pragma unroll
+      for (int i = 0; i < kQuantLanes; ++i) values[i] = 0.0f;
     }
     float amax = 0.0f;  // fmaxf ignores NaN, as the CPU path's std::fmax
 #pragma unroll
@@ -105,9 +116,14 @@ __global__ void __launch_bounds__(kElementwiseThreads)
                  (fp8x2_encode_clamped<F>(values[4 * w + 2] * inverse, values[4 * w + 3] * inverse,
                                           args.quant_max) << 16);
     }
+    if (!valid) continue;
     uint8_t* out = args.x_fp8 + flat;
     if (vector) {
-      *reinterpret_cast<uint4*>(out) = make_uint4(words[0], words[1], words[2], words[3]);
+#pragma unroll
+      for (int v = 0; v < kQuantLanes / 16; ++v) {
+        *reinterpret_cast<uint4*>(out + 16 * v) =
+            make_uint4(words[4 * v], words[4 * v + 1], words[4 * v + 2], words[4 * v + 3]);
+      }
     } else {
 #pragma unroll
       for (int i = 0; i < kQuantLanes; ++i) out[i] = static_cast<uint8_t>(words[i / 4] >> (8 * (i % 4)));
@@ -131,12 +147,12 @@ __global__ void __launch_bounds__(kElementwiseThreads)
     load_bf16<kRopeLanes>(args.o + flat, vector, values);
     unrotate<kRopeLanes, kBf16Table>(args.rope, split.quotient, static_cast<int>((split.remainder * kRopeLanes) % kHeadDim),
                          values);
-    // Every lane goes through fp32 and back, as on the CPU (a signalling NaN comes out quiet).
+    // Every lane goes through fp32 and back, as on the CPU (NaN as the one canonical quiet NaN).
     uint32_t words[kRopeLanes / 2];
 #pragma unroll
     for (int i = 0; i < kRopeLanes / 2; ++i) {
-      words[i] = static_cast<uint32_t>(float_to_bf16_bits(values[2 * i])) |
-                 (static_cast<uint32_t>(float_to_bf16_bits(values[2 * i + 1])) << 16);
+      words[i] = static_cast<uint32_t>(wo_a::rope_output_bits(values[2 * i])) |
+                 (static_cast<uint32_t>(wo_a::rope_output_bits(values[2 * i + 1])) << 16);
     }
     uint16_t* out = args.out + flat;
     if (vector) {
@@ -154,13 +170,13 @@ void launch_group_quant(const InverseRopeGroupQuantArgs& args, int64_t items, bo
   const dim3 block(kElementwiseThreads);
   switch (args.group_size) {
     case 32:
-      hipLaunchKernelGGL((group_quant_kernel<F, 2, kBf16Table>), grid, block, 0, stream, args, items, vector);
+      hipLaunchKernelGGL((group_quant_kernel<F, 1, kBf16Table>), grid, block, 0, stream, args, items, vector);
       break;
     case 64:
-      hipLaunchKernelGGL((group_quant_kernel<F, 4, kBf16Table>), grid, block, 0, stream, args, items, vector);
+      hipLaunchKernelGGL((group_quant_kernel<F, 2, kBf16Table>), grid, block, 0, stream, args, items, vector);
       break;
     default:
-      hipLaunchKernelGGL((group_quant_kernel<F, 8, kBf16Table>), grid, block, 0, stream, args, items, vector);
+      hipLaunchKernelGGL((group_quant_kernel<F, 4, kBf16Table>), grid, block, 0, stream, args, items, vector);
       break;
   }
 }
