@@ -74,8 +74,6 @@ def _vendor_block_scaled_bmm(x: torch.Tensor, w: torch.Tensor, x_scale: torch.Te
     return torch.stack(outs, dim=1)
 
 
-
-
 def _bf16_fit(o: torch.Tensor) -> Optional[str]:
     return None if o.dtype == torch.bfloat16 else f"the kernel takes bf16 o, got {o.dtype}"
 
