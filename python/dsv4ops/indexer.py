@@ -5,6 +5,11 @@ Public wrappers over torch.ops.dsv4.* with reference fallback.
 FP8 operands are decoded per their dtype; byte 0x80 reads as +0 whatever the dtype (an OCP writer's -0
 may sit in an FNUZ-typed buffer). The indexer cache of the paged op is block-flat uint8 (block_size x D
 FP8 bytes, then block_size fp32 scales); its encoding defaults to q's.
+
+The two logits ops take, in order: the dsv4ops kernel where dispatch finds one for the device; else, for a
+tensor on a GPU with triton importable, the Triton fallback (indexer_triton.py; how the upstream stack
+serves gfx942 today); else the PyTorch reference. A fallback is logged once per (op, reason) and counted
+like dispatch's own (fallback_counts()).
 """
 
 from __future__ import annotations
@@ -13,9 +18,46 @@ from typing import Optional
 
 import torch
 
-from . import dispatch
+from . import dispatch, indexer_triton, platform
 from .platform import Fp8Format
 from .reference import indexer as reference
+
+
+KERNEL, TRITON, REFERENCE = dispatch.KERNEL, "triton", dispatch.REFERENCE
+
+
+def logits_path(op: str, device) -> tuple:
+    """(path, reason) for a logits op on `device`: KERNEL (reason None), TRITON or REFERENCE with the reason
+    the kernel cannot serve (and, for the reference, why Triton cannot either). DSV4OPS_DISABLE sends the op
+    to the reference; DSV4OPS_FORCE demands the kernel (dispatch raises when it cannot run)."""
+    decision = dispatch.decide(op, device)
+    if decision.uses_kernel:
+        return KERNEL, None
+    device = torch.device(device)
+    if dispatch._named(op, dispatch._env_ops("DSV4OPS_DISABLE")):
+        return REFERENCE, decision.reason
+    if device.type == "cpu":
+        return REFERENCE, decision.reason
+    if not indexer_triton.available():
+        return REFERENCE, f"{decision.reason}; triton is not installed"
+    return TRITON, decision.reason
+
+
+def _choose_logits_path(op: str, device) -> str:
+    path, reason = logits_path(op, device)
+    if path != KERNEL:
+        arch = platform.device_arch(device)
+        if path == TRITON:
+            key = (op, f"Triton fallback: {reason}")
+            message = "dsv4ops: %s on %s uses the Triton fallback: %s"
+        else:
+            key = (op, reason)
+            message = "dsv4ops: %s on %s uses the PyTorch reference: %s"
+        dispatch._fallbacks[key] += 1
+        if key not in dispatch._logged:
+            dispatch._logged.add(key)
+            dispatch.logger.warning(message, op, arch, reason)
+    return path
 
 
 def fp8_mqa_logits(q: torch.Tensor, k: torch.Tensor, k_scale: torch.Tensor, weights: torch.Tensor,
@@ -23,8 +65,11 @@ def fp8_mqa_logits(q: torch.Tensor, k: torch.Tensor, k_scale: torch.Tensor, weig
     """logits[i, j] = sum_h weights[i, h] * ReLU(k_scale[j] * q[i, h] . k[j]) for ks[i] <= j < ke[i] (clamped
     to [0, N)); -inf elsewhere when clean_logits, else those columns are left unwritten. q [M, H, D] and
     k [N, D] FP8, k_scale [N] fp32 (or [N, 4] uint8), weights [M, H] fp32, ks/ke int32 [M]."""
-    if dispatch.choose("fp8_mqa_logits", q.device).uses_kernel:
+    path = _choose_logits_path("fp8_mqa_logits", q.device)
+    if path == KERNEL:
         return torch.ops.dsv4.fp8_mqa_logits(q, k, k_scale, weights, cu_seqlen_ks, cu_seqlen_ke, bool(clean_logits))
+    if path == TRITON:
+        return indexer_triton.fp8_mqa_logits(q, k, k_scale, weights, cu_seqlen_ks, cu_seqlen_ke, clean_logits)
     return reference.fp8_mqa_logits(q, k, k_scale, weights, cu_seqlen_ks, cu_seqlen_ke, clean_logits)
 
 
@@ -38,9 +83,13 @@ def fp8_paged_mqa_logits(q: torch.Tensor, kv_cache: torch.Tensor, weights: torch
     kv_format is the cache's encoding: OCP by default, as the indexer-K writer emits on every platform (on
     gfx942 Q is FNUZ and K OCP, spec §2)."""
     fmt = Fp8Format.parse(kv_format if kv_format is not None else "ocp")
-    if dispatch.choose("fp8_paged_mqa_logits", q.device).uses_kernel:
+    path = _choose_logits_path("fp8_paged_mqa_logits", q.device)
+    if path == KERNEL:
         return torch.ops.dsv4.fp8_paged_mqa_logits(q, kv_cache, weights, context_lens, block_tables, int(max_model_len),
                                                    bool(clean_logits), int(fmt))
+    if path == TRITON:
+        return indexer_triton.fp8_paged_mqa_logits(q, kv_cache, weights, context_lens, block_tables, int(max_model_len),
+                                                   clean_logits, fmt.torch_dtype)
     return reference.fp8_paged_mqa_logits(q, kv_cache, weights, context_lens, block_tables, int(max_model_len),
                                           clean_logits, fmt.torch_dtype)
 
