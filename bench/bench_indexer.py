@@ -11,7 +11,9 @@ read once per request, q and weights, the [B * next_n, max_model_len] logits wri
 top-k: 128 rows of 32k candidates, k = 512 / 1024; bytes: the logits read once, the indices written.
 Peers: a device copy of the same bytes, the PyTorch reference eager (where its [M, H, N] fp32 scores fit:
 skipped above 8 GiB; the paged reference loops over rows in Python and is timed at the smaller cases
-only) and under torch.compile (prefill at the smallest case only: each shape compiles anew). The top-k
+only) and under torch.compile (prefill at the smallest case only: each shape compiles anew), and the Triton
+fallback of the logits (dsv4ops.indexer_triton, what serves a GPU without a dsv4ops kernel; timed on a GPU
+where triton is installed, its compilation done in the warm-up). The top-k
 reference sorts each row in Python; its peer here is torch.topk over the masked logits instead.
 """
 
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import torch
 
+from dsv4ops import indexer_triton
 from dsv4ops.reference import indexer as reference
 
 from harness import (HEADER_NOTES, OURS, bench_main, input_sets, make_rows, time_matched_copy, time_ours, time_peer,
@@ -36,6 +39,16 @@ REFERENCE_SCORE_BYTES = 8 << 30
 
 def _fp8(shape, device, scale=1.0):
     return (torch.randn(*shape, device=device) * scale).clamp(-448, 448).to(torch.float8_e4m3fn)
+
+
+def _triton_peer(device):
+    """Whether the Triton fallback is timed here (a note says why not, once)."""
+    if device.type == "cuda" and indexer_triton.available():
+        return True
+    note = "Triton fallback: not timed (" + ("triton is not installed" if device.type == "cuda" else "CPU run") + ")"
+    if note not in HEADER_NOTES:
+        HEADER_NOTES.append(note)
+    return False
 
 
 def _tflops(flops, seconds):
@@ -63,6 +76,9 @@ def bench_prefill(device, ceiling, compile_peers):
         times = time_ours(ours, sets, device)
         times.update(time_matched_copy(nbytes, device))
         case = f"M={m} N={n} causal"
+        if _triton_peer(device):
+            triton_fallback = lambda q, k, s, w: indexer_triton.fp8_mqa_logits(q, k, s, w, ks, ke, True)  # noqa: E731
+            time_peer(times, "Triton fallback", triton_fallback, sets, device, case)
         if HEADS * m * n * 4 <= REFERENCE_SCORE_BYTES:
             time_peer(times, "reference eager", ref, sets[:2], device, case)
             if ref_compiled is not None and (m, n) == PREFILL[0]:
@@ -102,6 +118,10 @@ def bench_decode(device, ceiling, compile_peers):
                 times = time_ours(ours, sets, device)
                 times.update(time_matched_copy(nbytes, device))
                 case = f"B={batch} next_n={next_n} ctx={context // 1024}k"
+                if _triton_peer(device):
+                    triton_fallback = lambda q, c, w, l, t: indexer_triton.fp8_paged_mqa_logits(  # noqa: E731
+                        q, c, w, l, t, context_c, True, torch.float8_e4m3fn)
+                    time_peer(times, "Triton fallback", triton_fallback, sets, device, case)
                 if batch * next_n * context_c <= 64 * 8192:
                     ref = lambda q, c, w, l, t: reference.fp8_paged_mqa_logits(q, c, w, l, t, context_c, True)  # noqa: E731
                     try:

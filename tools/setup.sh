@@ -43,6 +43,7 @@ python -m pip install -q "$TORCH_SPEC"
 python -m pip install -q "scikit-build-core>=0.10" "pybind11>=2.13" ninja "cmake>=3.31,<5" numpy pytest
 if [ "$DEV" = 1 ]; then
   python -m pip install -q ziglang==0.15.2 expecttest
+  python -m pip install -q --no-deps triton==3.6.0  # the indexer's Triton fallback (compiled for gfx942/gfx950/sm_90 in the tests); --no-deps keeps torch
   PY=python bash tools/setup_amdgpu_toolchain.sh "$PWD/.toolchain"
 fi
 
