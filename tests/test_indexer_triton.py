@@ -26,7 +26,7 @@ import torch
 import dsv4ops
 from dsv4ops import dispatch, indexer, indexer_triton
 from dsv4ops.reference import indexer as reference
-from test_indexer import DTYPES, assert_logits_match, fp8_tensor, paged_cache, windows
+from test_indexer import DTYPES, assert_logits_match, calc_diff, fp8_tensor, paged_cache, windows
 
 needs_triton = pytest.mark.skipif(not indexer_triton.available(), reason="triton is not installed")
 
@@ -112,6 +112,21 @@ def test_operand_modes():
 # ----------------------------------------------------------------------------------------------------------
 # shared checks (interpreter on the CPU, compiled on the GPU)
 
+def assert_spec_match(got, want, window=None, strict=True):
+    """strict: test_indexer's assert_logits_match (spec criteria plus the largest relative difference <=
+    1e-4); else the spec §3.7 criteria alone: -inf mask bit-equal, no NaN, calc_diff < 1e-3 (the compiled
+    GPU kernels: tensor-core FP8 accumulation is not plain fp32)."""
+    if strict:
+        return assert_logits_match(got, want, window)
+    if window is None:
+        assert torch.equal(torch.isinf(got) & (got < 0), torch.isinf(want) & (want < 0)), "-inf masks differ"
+        finite = torch.isfinite(want)
+    else:
+        finite = window & torch.isfinite(want)
+    assert not bool(torch.isnan(got[finite]).any())
+    assert calc_diff(got[finite], want[finite]) < 1e-3
+
+
 def check_prefill(run, q_dtype, k_dtype, m, n, heads, dim, clean, device):
     q = fp8_tensor((m, heads, dim), q_dtype, seed=m)
     k = fp8_tensor((n, dim), k_dtype, seed=n)
@@ -124,12 +139,13 @@ def check_prefill(run, q_dtype, k_dtype, m, n, heads, dim, clean, device):
     got = run(*(t.to(device) for t in (q, k, scale_arg, weights, ks, ke)), clean).cpu()
     want = reference.fp8_mqa_logits(q, k, k_scale, weights, ks, ke)
     assert got.shape == (m, n) and got.dtype == torch.float32
+    strict = device == "cpu"
     if clean:
-        assert_logits_match(got, want)
+        assert_spec_match(got, want, strict=strict)
     else:
         columns = torch.arange(n)[None, :]
         window = (columns >= ks.long().clamp(0, n)[:, None]) & (columns < ke.long().clamp(0, n)[:, None])
-        assert_logits_match(got, want, window)
+        assert_spec_match(got, want, window, strict=strict)
 
 
 def check_paged(run, dtype, next_n, lens_shape, block_size, clean, device, heads=8, dim=64):
@@ -148,12 +164,13 @@ def check_paged(run, dtype, next_n, lens_shape, block_size, clean, device, heads
     got = run(*(t.to(device) for t in (q, cache, weights, lens, table)), max_len, clean, dtype).cpu()
     want = reference.fp8_paged_mqa_logits(q, cache, weights, lens, table, max_len, True, dtype)
     assert got.shape == (batch * next_n, max_len)
+    strict = device == "cpu"
     if clean:
-        assert_logits_match(got, want)
+        assert_spec_match(got, want, strict=strict)
     else:
         row_lens = reference.paged_row_lengths(lens, batch, next_n, max_len)
         window = torch.arange(max_len)[None, :] < row_lens[:, None]
-        assert_logits_match(got, want, window)
+        assert_spec_match(got, want, window, strict=strict)
         assert torch.equal(torch.isinf(got[window]), torch.isinf(want[window]))
 
 
