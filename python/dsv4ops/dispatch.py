@@ -28,6 +28,7 @@ KERNEL = "kernel"
 REFERENCE = "reference"
 
 _fallbacks: collections.Counter = collections.Counter()
+_logged: set = set()
 _DISPATCH_KEYS = {"cuda": "CUDA"}  # ROCm builds register their kernels under the CUDA key too
 
 
@@ -35,7 +36,6 @@ def _has_kernel(op: str, key: str) -> bool:
     """Whether the op has a kernel registered for the dispatch key (ops whose GPU kernels are still to
     come register the CPU one only)."""
     return torch._C._dispatch_has_kernel_for_dispatch_key(f"dsv4::{op}", key)
-_logged: set = set()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,6 +60,11 @@ def _named(op: str, names: set) -> bool:
     return "all" in names or op in names
 
 
+def disabled(op: str) -> bool:
+    """Whether DSV4OPS_DISABLE sends `op` to the reference."""
+    return _named(op, _env_ops("DSV4OPS_DISABLE"))
+
+
 def decide(op: str, device, supported: Optional[Callable[[], Optional[str]]] = None) -> Decision:
     """Decide the path for `op` on `device`; `supported()` returns None or the reason it cannot run."""
     device = torch.device(device)
@@ -78,7 +83,7 @@ def decide(op: str, device, supported: Optional[Callable[[], Optional[str]]] = N
         trail.append(f"-> reference: {reason}")
         return Decision(op, str(device), arch, REFERENCE, reason, tuple(trail))
 
-    if _named(op, _env_ops("DSV4OPS_DISABLE")) and not forced:
+    if disabled(op) and not forced:
         trail.append("selected: no (DSV4OPS_DISABLE)")
         return fallback("disabled by DSV4OPS_DISABLE")
     trail.append("selected: yes" + (" (forced by DSV4OPS_FORCE)" if forced else ""))
@@ -106,15 +111,21 @@ def decide(op: str, device, supported: Optional[Callable[[], Optional[str]]] = N
     return Decision(op, str(device), arch, KERNEL, None, tuple(trail))
 
 
+def record_fallback(op: str, arch: str, reason: str, served_by: str = REFERENCE) -> None:
+    """Counts a call the kernel did not serve and logs it once per (op, served_by, reason). Calls served by
+    the reference count under (op, reason), by another fallback under (op, f"{served_by}: {reason}")."""
+    key = (op, reason if served_by == REFERENCE else f"{served_by}: {reason}")
+    _fallbacks[key] += 1
+    if key not in _logged:
+        _logged.add(key)
+        what = "the PyTorch reference" if served_by == REFERENCE else f"the {served_by}"
+        logger.warning("dsv4ops: %s on %s uses %s: %s", op, arch, what, reason)
+
+
 def record(decision: Decision) -> Decision:
     """Counts and logs (once per op and reason) a fallback decision; returns the decision."""
     if not decision.uses_kernel:
-        key = (decision.op, decision.reason)
-        _fallbacks[key] += 1
-        if key not in _logged:
-            _logged.add(key)
-            logger.warning("dsv4ops: %s on %s uses the PyTorch reference: %s", decision.op, decision.arch,
-                           decision.reason)
+        record_fallback(decision.op, decision.arch, decision.reason)
     return decision
 
 
@@ -128,7 +139,8 @@ def explain(op: str, device="cpu") -> Decision:
 
 
 def fallback_counts() -> dict:
-    """{(op, reason): number of calls served by the reference} since import or reset_fallbacks()."""
+    """{(op, reason): number of calls the kernel did not serve} since import or reset_fallbacks() (see
+    record_fallback for the keys of calls served by another fallback than the reference)."""
     return dict(_fallbacks)
 
 

@@ -34,7 +34,7 @@ def logits_path(op: str, device) -> tuple:
     if decision.uses_kernel:
         return KERNEL, None
     device = torch.device(device)
-    if dispatch._named(op, dispatch._env_ops("DSV4OPS_DISABLE")):
+    if dispatch.disabled(op):
         return REFERENCE, decision.reason
     if device.type == "cpu":
         return REFERENCE, decision.reason
@@ -46,17 +46,8 @@ def logits_path(op: str, device) -> tuple:
 def _choose_logits_path(op: str, device) -> str:
     path, reason = logits_path(op, device)
     if path != KERNEL:
-        arch = platform.device_arch(device)
-        if path == TRITON:
-            key = (op, f"Triton fallback: {reason}")
-            message = "dsv4ops: %s on %s uses the Triton fallback: %s"
-        else:
-            key = (op, reason)
-            message = "dsv4ops: %s on %s uses the PyTorch reference: %s"
-        dispatch._fallbacks[key] += 1
-        if key not in dispatch._logged:
-            dispatch._logged.add(key)
-            dispatch.logger.warning(message, op, arch, reason)
+        served_by = "Triton fallback" if path == TRITON else dispatch.REFERENCE
+        dispatch.record_fallback(op, platform.device_arch(device), reason, served_by)
     return path
 
 
