@@ -369,16 +369,33 @@ def test_prepare_rejects_zero_groups_and_uses_bf16_where_no_kernel(monkeypatch):
     assert plan.path == "bf16" and "bmm_a8w8_mxscale: disabled by DSV4OPS_DISABLE" in plan.reason
 
 
-def test_gemm_path_table_is_well_formed_and_selects_by_tokens():
-    for device_type, rows in wo_a.WO_A_GEMM_PATHS.items():
-        assert rows and rows[-1][0] is None, f"{device_type}: the last row must be unbounded"
-        bounds = [bound for bound, _ in rows[:-1]]
-        assert bounds == sorted(bounds) and all(bound > 0 for bound in bounds), f"{device_type}: rows out of order"
-        assert all(path in wo_a.GEMM_PATH_NAMES for _, path in rows), f"{device_type}: unknown path"
-    table = {"cpu": ((2, "bf16"), (8, "vendor_fp8"), (None, "fp8_kernel"))}
-    assert [wo_a.gemm_path(t, "cpu", table) for t in (1, 2, 3, 8, 9, 10**6)] == [
+def test_gemm_path_table_is_well_formed_and_selects_by_tokens_and_groups():
+    for device_type, by_groups in wo_a.WO_A_GEMM_PATHS.items():
+        assert by_groups and all(g > 0 for g in by_groups), f"{device_type}: groups must be positive"
+        for groups, rows in by_groups.items():
+            where = f"{device_type} G={groups}"
+            assert rows and rows[-1][0] is None, f"{where}: the last row must be unbounded"
+            bounds = [bound for bound, _ in rows[:-1]]
+            assert bounds == sorted(bounds) and all(bound > 0 for bound in bounds), f"{where}: rows out of order"
+            assert all(path in wo_a.GEMM_PATH_NAMES for _, path in rows), f"{where}: unknown path"
+    table = {"cpu": {2: ((2, "bf16"), (8, "vendor_fp8"), (None, "fp8_kernel")), 8: ((None, "bf16"),)}}
+    assert [wo_a.gemm_path(t, 2, "cpu", table) for t in (1, 2, 3, 8, 9, 10**6)] == [
         "bf16", "bf16", "vendor_fp8", "vendor_fp8", "fp8_kernel", "fp8_kernel"]
-    assert wo_a.gemm_path(5, "xpu", table) == "fp8_kernel"
+    assert wo_a.gemm_path(3, 1, "cpu", table) == "vendor_fp8"  # below every listed G: the smallest
+    assert wo_a.gemm_path(3, 7, "cpu", table) == "vendor_fp8"  # the largest listed G <= 7
+    assert wo_a.gemm_path(3, 64, "cpu", table) == "bf16"
+    assert wo_a.gemm_path(5, 2, "xpu", table) == "fp8_kernel"
+
+
+def test_cuda_table_matches_the_measured_crossovers():
+    """The H200 rows as measured (bench/results/wo_a_cuda.md): our kernel for decode sizes, BF16 in the
+    middle where cuBLAS BF16 beats both FP8 GEMMs, the vendor FP8 GEMM for large T."""
+    path = lambda t, g: wo_a.gemm_path(t, g, "cuda")  # noqa: E731
+    assert [path(t, 8) for t in (1, 16, 64, 1024, 4096)] == [
+        "fp8_kernel", "fp8_kernel", "bf16", "bf16", "vendor_fp8"]
+    assert [path(t, 1) for t in (1, 256, 1024, 4096, 16384)] == [
+        "fp8_kernel", "fp8_kernel", "bf16", "bf16", "vendor_fp8"]
+    assert path(64, 2) == "fp8_kernel" and path(4096, 2) == "vendor_fp8" and path(16, 16) == "fp8_kernel"
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -397,7 +414,7 @@ def test_forward_follows_the_path_table(monkeypatch, device, fp8_format):
     positions = torch.arange(t, device=device)
     results = {}
     for path in wo_a.GEMM_PATH_NAMES:
-        monkeypatch.setitem(wo_a.WO_A_GEMM_PATHS, torch.device(device).type, ((None, path),))
+        monkeypatch.setitem(wo_a.WO_A_GEMM_PATHS, torch.device(device).type, {1: ((None, path),)})
         results[path] = dsv4ops.wo_a_forward(o, positions, plan, apply_inverse_rope=True).double().flatten()
     kernel = results["fp8_kernel"]
     if device == "cpu":

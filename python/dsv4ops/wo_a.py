@@ -33,30 +33,45 @@ SCALE_BLOCK = 128
 GROUP_SIZE = 128
 _logged: set = set()
 
-# Which implementation serves an FP8 plan's projection for T tokens, per device type, as data: rows
-# (largest T served, path) in increasing T, the last one unbounded (None). Paths:
+# Which implementation serves an FP8 plan's projection for T tokens and G groups, per device type, as data:
+# {device type: {G: rows}}, rows (largest T served, path) in increasing T, the last one unbounded (None).
+# A plan takes the rows of the largest listed G <= its G (the smallest listed G below that). Paths:
 #   "fp8_kernel"  quantize (inverse_rope_group_quant) + dsv4ops' grouped FP8 GEMM (bmm_a8w8_mxscale);
 #   "vendor_fp8"  the same quantization + the vendor block-scaled FP8 GEMM (torch._scaled_mm with 1x128 /
 #                 128x128 scales, one call per group; CUDA with OCP operands and T >= 2 only, else
 #                 "fp8_kernel");
-#   "bf16"        the BF16 path (inverse RoPE, BF16 einsum on the dequantized weight, built on first use).
+#   "bf16"        the BF16 path (inverse RoPE, BF16 einsum on the dequantized weight, built on first use: it
+#                 doubles this layer's weight memory once chosen).
 # Devices not listed take "fp8_kernel". Tune the rows from bench/bench_wo_a.py on the target GPU.
-# cuda (H200, bench_wo_a 2026-11-30, G in {1, 2, 8, 16}, N = 1024, K = 4096): dsv4ops leads up to T = 1024
-# (T = 16..64: 7-48x cuBLAS per group, which refuses T = 1; T = 256: 1.6-4.4x; T = 1024: 0.9-1.9x), cuBLAS
-# block-scaled FP8 from T = 4096 on (2-5x dsv4ops' ~170 TFLOP/s); the crossover between 1024 and 4096 is
-# unmeasured. (cuBLAS BF16 bmm beats
-# both at T = 256..1024, but the BF16 path is not the FP8 path's numerics and doubles the weight memory:
-# not chosen by default.)
+# cuda: H200, bench/results/wo_a_cuda.md (2026-11-30; N = 1024, K = 4096; GEMM times in us):
+#   G=1:  dsv4ops ahead of BF16 bmm to T = 256 (22.7 vs 26.7), BF16 at T = 1024-4096 (43 vs 49; 97 vs 128
+#         cuBLAS FP8), cuBLAS FP8 at 16384 (155 vs 376);
+#   G=2:  dsv4ops to T = 64 (12.3 vs 27.5), BF16 at 256-1024 (26.8 vs 42.5; 52 vs 96), cuBLAS FP8 from 4096
+#         (135 vs 189);
+#   G=8:  dsv4ops to T = 16 (13.6 vs 25.8), BF16 at 64-1024 (32 vs 47; 58 vs 97; 193 vs 372 cuBLAS FP8),
+#         cuBLAS FP8 from 4096 (351 vs 748);
+#   G=16: dsv4ops to T = 16 (29.6 vs 44), BF16 at 64-1024 (57 vs 92; 380 vs 1254 cuBLAS FP8), cuBLAS FP8 from
+#         4096 (792 vs 1482).
+# Crossovers between the measured T are unmeasured; each row ends at the last T measured on its side.
 WO_A_GEMM_PATHS = {
-    "cuda": ((1024, "fp8_kernel"), (None, "vendor_fp8")),
-    "cpu": ((None, "fp8_kernel"),),
+    "cuda": {
+        1: ((256, "fp8_kernel"), (4096, "bf16"), (None, "vendor_fp8")),
+        2: ((64, "fp8_kernel"), (1024, "bf16"), (None, "vendor_fp8")),
+        8: ((16, "fp8_kernel"), (1024, "bf16"), (None, "vendor_fp8")),
+        16: ((16, "fp8_kernel"), (1024, "bf16"), (None, "vendor_fp8")),
+    },
+    "cpu": {1: ((None, "fp8_kernel"),)},
 }
 GEMM_PATH_NAMES = ("fp8_kernel", "vendor_fp8", "bf16")
 
 
-def gemm_path(tokens: int, device_type: str, table: Optional[dict] = None) -> str:
-    """The path WO_A_GEMM_PATHS (or `table`) gives `tokens` tokens on `device_type`."""
-    rows = (table if table is not None else WO_A_GEMM_PATHS).get(device_type, ((None, "fp8_kernel"),))
+def gemm_path(tokens: int, groups: int, device_type: str, table: Optional[dict] = None) -> str:
+    """The path WO_A_GEMM_PATHS (or `table`) gives `tokens` tokens of a `groups`-group plan on `device_type`."""
+    by_groups = (table if table is not None else WO_A_GEMM_PATHS).get(device_type)
+    if not by_groups:
+        return "fp8_kernel"
+    listed = sorted(by_groups)
+    rows = by_groups[max([g for g in listed if g <= groups], default=listed[0])]
     for bound, path in rows:
         if bound is None or tokens <= bound:
             return path
@@ -225,7 +240,7 @@ def wo_a_forward(o: torch.Tensor, positions: torch.Tensor, plan: WoAPlan, apply_
     still in the rotated frame and are rotated back here (True), or the attention already did it (False)."""
     t, heads, _ = o.shape
     g = plan.n_groups
-    path = gemm_path(t, o.device.type) if plan.path == "fp8" else "bf16"
+    path = gemm_path(t, g, o.device.type) if plan.path == "fp8" else "bf16"
     if path == "vendor_fp8" and (o.device.type != "cuda" or t < 2 or plan.fp8_format is not Fp8Format.OCP):
         path = "fp8_kernel"
     if path in ("fp8_kernel", "vendor_fp8"):
