@@ -1,8 +1,8 @@
 """python -m dsv4ops [info] -- what this install is and what runs where.
 
 Prints versions, the build's backend and archs with their FP8 encodings, this machine's devices with
-their arch and FP8 format, and which path (kernel or PyTorch reference, with the reason) each op takes
-on each device.
+their arch and FP8 format, and which path (kernel, the indexer logits' Triton fallback or the PyTorch
+reference, with the reason) each op takes on each device.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import sys
 import torch
 
 import dsv4ops
-from dsv4ops import dispatch, platform
+from dsv4ops import dispatch, indexer, platform
 
 OPS = ("ue8m0_to_float", "float_to_ue8m0_lossless", "fp8_encode", "fp8_block_dequantize", "e4m3fn_to_fnuz",
        "qnorm_rope_kv_insert", "qnorm_rope_kv_insert_full_cache_bf16", "qnorm_rope_kv_insert_full_cache_fp8",
@@ -42,9 +42,13 @@ def info(out=sys.stdout) -> int:
         print(f"device {device}: arch {platform.device_arch(device)}, FP8 {fmt.name} "
               f"(quant max {fmt.default_quant_max:g}, dtype {fmt.torch_dtype})", file=out)
         for op in OPS:
-            decision = dispatch.explain(op, device)
-            detail = "" if decision.uses_kernel else f" ({decision.reason})"
-            print(f"  {op:<26} {decision.path}{detail}", file=out)
+            if op in indexer.LOGITS_OPS:  # these may take the Triton fallback before the reference
+                path, reason = indexer.logits_path(op, device)
+            else:
+                decision = dispatch.explain(op, device)
+                path, reason = decision.path, decision.reason
+            detail = "" if reason is None else f" ({reason})"
+            print(f"  {op:<26} {path}{detail}", file=out)
     return 0
 
 

@@ -24,6 +24,7 @@ from .reference import indexer as reference
 
 
 KERNEL, TRITON, REFERENCE = dispatch.KERNEL, "triton", dispatch.REFERENCE
+LOGITS_OPS = ("fp8_mqa_logits", "fp8_paged_mqa_logits")  # the ops with a Triton fallback
 
 
 def logits_path(op: str, device) -> tuple:
