@@ -96,6 +96,15 @@ def _rope_table(device):
     return torch.cat([theta.cos(), theta.sin()], dim=1)
 
 
+def _attention_output_sets(tokens, heads, nbytes, device):
+    """Input sets (o [tokens, heads, 512] bf16, positions) for the quantizer and inverse_rope rows."""
+    def make():
+        o = (torch.randn(tokens, heads, 512, device=device) / 10).to(torch.bfloat16)
+        return o, torch.randint(0, ROPE_ROWS, (tokens,), device=device)
+
+    return input_sets(make, nbytes, device)
+
+
 def bench_quant(device, ceiling, compile_peers):
     rows = []
     has_kernel = not dispatch.decide("inverse_rope_group_quant", device).reason
@@ -108,11 +117,7 @@ def bench_quant(device, ceiling, compile_peers):
             elements = s * heads * 512
             nbytes = 2 * elements + 8 * s + elements + elements // 128
 
-            def make():
-                o = (torch.randn(s, heads, 512, device=device) / 10).to(torch.bfloat16)
-                return o, torch.randint(0, ROPE_ROWS, (s,), device=device)
-
-            sets = input_sets(make, nbytes, device)
+            sets = _attention_output_sets(s, heads, nbytes, device)
             times = {}
             if has_kernel:
                 times.update(time_ours(lambda o, p: torch.ops.dsv4.inverse_rope_group_quant(
@@ -141,11 +146,7 @@ def bench_inverse_rope(device, ceiling, compile_peers):
         elements = s * heads * 512
         nbytes = 4 * elements + 8 * s
 
-        def make():
-            o = (torch.randn(s, heads, 512, device=device) / 10).to(torch.bfloat16)
-            return o, torch.randint(0, ROPE_ROWS, (s,), device=device)
-
-        sets = input_sets(make, nbytes, device)
+        sets = _attention_output_sets(s, heads, nbytes, device)
         times = {}
         if has_kernel:
             times.update(time_ours(lambda o, p: torch.ops.dsv4.inverse_rope(o, p, cos_sin), sets, device))

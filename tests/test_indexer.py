@@ -124,6 +124,17 @@ def test_mqa_logits_empty_shapes(heads, dim, device, monkeypatch):
     assert no_keys.shape == (3, 0)
 
 
+def paged_lens(next_n, lens_shape):
+    """context_lens for 3 requests (150, 40, 230 tokens; 230 > the tests' max_len 200 is clamped) as [B],
+    [B, 1] or per MTP row [B, next_n] (each row 3 tokens shorter than the one before)."""
+    base = torch.tensor([150, 40, 230], dtype=torch.int32)
+    if lens_shape == "B":
+        return base
+    if lens_shape == "B1":
+        return base[:, None].contiguous()
+    return (base[:, None] - torch.arange(next_n, dtype=torch.int32)[None, :] * 3).contiguous()
+
+
 def paged_cache(entries_per_request, block_size, dim, dtype, seed, spare_blocks=3):
     """A block-flat indexer cache holding each request's compressed entries in shuffled blocks, its block
     table (with unused trailing entries pointing anywhere), and the contiguous K/scales per request."""
@@ -166,13 +177,7 @@ def test_paged_logits_match_reference_and_the_contiguous_op(next_n, lens_shape, 
     batch, heads, dim, max_len = 3, 8, 64, 200
     entries = [150, 70, 199]
     cache, table, contiguous = paged_cache(entries, block_size, dim, dtype, seed=next_n * block_size)
-    base = torch.tensor([150, 40, 230], dtype=torch.int32)  # 230 > max_len: clamped
-    if lens_shape == "B":
-        lens = base
-    elif lens_shape == "B1":
-        lens = base[:, None].contiguous()
-    else:
-        lens = (base[:, None] - torch.arange(next_n, dtype=torch.int32)[None, :] * 3).contiguous()
+    lens = paged_lens(next_n, lens_shape)
     q = fp8_tensor((batch, next_n, heads, dim), dtype, seed=9)
     weights = torch.randn(batch * next_n, heads, generator=torch.Generator().manual_seed(10))
     got = dsv4ops.fp8_paged_mqa_logits(*(t.to(device) for t in (q, cache, weights, lens, table)), max_len,

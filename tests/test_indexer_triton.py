@@ -26,7 +26,7 @@ import torch
 import dsv4ops
 from dsv4ops import dispatch, indexer, indexer_triton
 from dsv4ops.reference import indexer as reference
-from test_indexer import DTYPES, assert_logits_match, calc_diff, fp8_tensor, paged_cache, windows
+from test_indexer import DTYPES, assert_logits_match, calc_diff, fp8_tensor, paged_cache, paged_lens, windows
 
 needs_triton = pytest.mark.skipif(not indexer_triton.available(), reason="triton is not installed")
 
@@ -152,13 +152,7 @@ def check_paged(run, dtype, next_n, lens_shape, block_size, clean, device, heads
     batch, max_len = 3, 200
     cache, table, _ = paged_cache([150, 70, 199], block_size, dim, dtype, seed=next_n * block_size)
     table[2, 199 // block_size] = 1 << 20  # a block outside the cache (positions 192..199): never read, -inf
-    base = torch.tensor([150, 40, 230], dtype=torch.int32)  # 230 > max_len: clamped
-    if lens_shape == "B":
-        lens = base
-    elif lens_shape == "B1":
-        lens = base[:, None].contiguous()
-    else:
-        lens = (base[:, None] - torch.arange(next_n, dtype=torch.int32)[None, :] * 3).contiguous()
+    lens = paged_lens(next_n, lens_shape)
     q = fp8_tensor((batch, next_n, heads, dim), dtype, seed=9)
     weights = torch.randn(batch * next_n, heads, generator=torch.Generator().manual_seed(10))
     got = run(*(t.to(device) for t in (q, cache, weights, lens, table)), max_len, clean, dtype).cpu()
