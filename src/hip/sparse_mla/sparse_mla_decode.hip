@@ -223,11 +223,11 @@ struct KeyLoad {
   int table;        // < 0: no key (zeros)
 };
 
-// The 256-entry decode table of a cache's encoding. FNUZ 0x80 (a NaN there) reads +0, as ds_mla's
-// dequantize_nope_value does; any NaN product is scrubbed afterwards anyway.
+// The 256-entry decode table of a cache's encoding: ds_mla's dequantize_nope_value at a unit scale (FNUZ
+// 0x80 reads +0); the block scale, a power of two, multiplies the entry exactly afterwards.
 DSV4_DEVICE float table_value(Fp8Format format, uint8_t code) {
-  if (format == Fp8Format::kFNUZ) return code == 0x80u ? 0.0f : fp8_decode<Fp8Format::kFNUZ>(code);
-  return fp8_decode<Fp8Format::kOCP>(code);
+  return format == Fp8Format::kFNUZ ? ds_mla::dequantize_nope_value<Fp8Format::kFNUZ>(code, 1.0f)
+                                    : ds_mla::dequantize_nope_value<Fp8Format::kOCP>(code, 1.0f);
 }
 
 // bf16 bits with every non-finite value (exponent all ones) replaced by +0: the spec's NaN scrub.
