@@ -165,6 +165,11 @@ def test_fused_post_pre_is_post_then_pre(device, t, hidden):
     torch.testing.assert_close(fused[1].cpu(), want_post, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(fused[2].cpu(), want_comb, rtol=0, atol=1e-5)
     assert_bf16_close(fused[3], want_input, collapse_magnitude(new_residual))
+    # The documented contract: the same bits as our post followed by our pre.
+    ours = torch.ops.dsv4.mhc_post(*args[:4])
+    unfused = (ours,) + tuple(torch.ops.dsv4.mhc_pre(ours, *args[4:], EPS, EPS, EPS, 2.0, 20, None, EPS))
+    for got, want_bits in zip(fused, unfused):
+        assert_bits_equal(got.cpu(), want_bits.cpu())
 
 
 @pytest.mark.parametrize("device", DEVICES)
