@@ -33,8 +33,8 @@ _DISPATCH_KEYS = {"cuda": "CUDA"}  # ROCm builds register their kernels under th
 
 
 def _has_kernel(op: str, key: str) -> bool:
-    """Whether the op has a kernel registered for the dispatch key (ops whose GPU kernels are still to
-    come register the CPU one only)."""
+    """Whether the op has a kernel registered for the dispatch key (an op without a GPU kernel in this
+    build registers the CPU one only)."""
     return torch._C._dispatch_has_kernel_for_dispatch_key(f"dsv4::{op}", key)
 
 
@@ -98,7 +98,7 @@ def decide(op: str, device, supported: Optional[Callable[[], Optional[str]]] = N
     key = _DISPATCH_KEYS.get(device.type)
     if key is not None and not _has_kernel(op, key):
         trail.append(f"built: no {key} kernel for {op}")
-        return fallback(f"this build has no {key} kernel for {op} (a CPU kernel only, so far)")
+        return fallback(f"this build registers no {key} kernel for {op}")
     trail.append(f"built: yes ({built})")
 
     if supported is not None:
