@@ -105,7 +105,9 @@ def test_empty(device):
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_opcheck(device):
-    codes = torch.randint(0, 256, (7, 9), dtype=torch.int32).to(torch.uint8).to(device)
+    # Codes 0..254 only: opcheck compares eager and traced outputs without equal_nan, and code 255 decodes
+    # to NaN (test_ue8m0_to_float_every_byte covers it), so a random 255 would fail the comparison by chance.
+    codes = torch.randint(0, 255, (7, 9), dtype=torch.int32).to(torch.uint8).to(device)
     torch.library.opcheck(torch.ops.dsv4.ue8m0_to_float.default, (codes,))
     scales = torch.tensor([[0.5, 3.0, 1.0], [0.0, 8.0, -2.0]], device=device)
     torch.library.opcheck(torch.ops.dsv4.float_to_ue8m0_lossless.default, (scales,))
