@@ -194,7 +194,7 @@ def bench_gather(device, ceiling, compile_peers):
         times["reference eager"] = time_per_call(
             lambda o, c, l, t: reference.dequantize_and_gather_k_cache(o, c, l, None, t, BLOCK_SIZE, 0, fmt),  # noqa: E741
             sets, device)
-        if ref_compiled is not None and requests == 1:
+        if ref_compiled is not None:
             time_peer(times, "reference compiled",
                       lambda o, c, l, t: ref_compiled(o, c, l, None, t, BLOCK_SIZE, 0, fmt), sets, device, case)  # noqa: E741
         rows += make_rows("dequantize_and_gather_k_cache", f"{case} {fmt.name}", nbytes, times, "dsv4ops", ceiling)

@@ -74,6 +74,27 @@ def test_gather_matches_reference(device, fmt):
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("fmt", FORMATS)
+def test_gather_of_arbitrary_bytes_matches_reference(device, fmt):
+    # Records no writer would produce: every code and every scale byte, including those below 11 where
+    # the GPU reader rounds each value in full rather than truncating (dsv4/ds_mla.h).
+    block_size, blocks = 16, 16
+    g = torch.Generator().manual_seed(11)
+    cache = torch.randint(0, 256, (blocks, block_size * 584), generator=g, dtype=torch.int32).to(torch.uint8)
+    scales = cache[:, block_size * 576:].view(blocks, block_size, 8)
+    every_byte = torch.arange(blocks * block_size * 7, dtype=torch.int32).remainder(256)
+    scales[..., :7] = every_byte.view(blocks, block_size, 7)
+    seq_lens = torch.tensor([blocks * block_size // 2] * 2, dtype=torch.int32)
+    block_table = torch.randperm(blocks, generator=g).to(torch.int32).view(2, blocks // 2)
+    expected = torch.zeros(2, blocks * block_size // 2, 512, dtype=torch.bfloat16)
+    reference.dequantize_and_gather_k_cache(expected, cache, seq_lens, None, block_table, block_size, 0, fmt)
+    out = torch.zeros_like(expected, device=device)
+    torch.ops.dsv4.dequantize_and_gather_k_cache(out, cache.to(device), seq_lens.to(device), None,
+                                                 block_table.to(device), block_size, 0, int(fmt))
+    assert_bits_equal(out, expected)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("fmt", FORMATS)
 def test_round_trip_and_wrappers(device, fmt):
     block_size = 64
     k = make_k(200, seed=3)

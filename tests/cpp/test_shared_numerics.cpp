@@ -1,11 +1,12 @@
 // Numerics the newer ops share between the CPU path and their GPU kernels: the mHC Sinkhorn epilogue
 // (dsv4/mhc.h), the clamped rotary table (dsv4/rope.h), the indexer's FP8 read rule and the sparse-MLA
-// ragged row ranges.
+// ragged row ranges, and when the cache readers may skip the bf16 rounding (dsv4/ds_mla.h).
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <random>
 
+#include "dsv4/ds_mla.h"
 #include "dsv4/mhc.h"
 #include "dsv4/rope.h"
 #include "indexer/indexer_args.h"
@@ -98,6 +99,30 @@ TEST(SparseKeySource, RowRangesAreClampedToTheIndexList) {
   EXPECT_EQ(source.row_end(1), 5);
   EXPECT_EQ(source.row_begin(2), 5);
   EXPECT_EQ(source.row_end(2), 5);  // an end before its begin is an empty row
+}
+
+// From kTruncationExactScaleByte up, every decoded NoPE value's bf16 is the top half of its fp32 bits,
+// in both encodings and for every code (NaN and Inf included); the bound is needed (below it, some
+// products round).
+template <dsv4::Fp8Format F>
+void expect_truncation_exact_from_bound() {
+  for (int scale = 0; scale < 256; ++scale) {
+    int rounded = 0;
+    for (int code = 0; code < 256; ++code) {
+      const float value = dsv4::ds_mla::dequantize_nope_value<F>(static_cast<uint8_t>(code),
+                                                                 dsv4::ue8m0_decode(static_cast<uint8_t>(scale)));
+      rounded += dsv4::float_to_bf16_bits(value) != static_cast<uint16_t>(dsv4::float_bits(value) >> 16);
+    }
+    if (scale >= dsv4::ds_mla::kTruncationExactScaleByte) EXPECT_EQ(rounded, 0) << "scale byte " << scale;
+    if (scale == 0) EXPECT_GT(rounded, 0);
+  }
+}
+
+TEST(DsMlaNopeDecode, Bf16IsTruncationFromTheBoundOcp) {
+  expect_truncation_exact_from_bound<dsv4::Fp8Format::kOCP>();
+}
+TEST(DsMlaNopeDecode, Bf16IsTruncationFromTheBoundFnuz) {
+  expect_truncation_exact_from_bound<dsv4::Fp8Format::kFNUZ>();
 }
 
 }  // namespace

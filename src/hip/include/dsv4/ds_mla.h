@@ -63,14 +63,21 @@ DSV4_HD uint8_t quantize_nope_value(float x, float inverse_scale, float quant_ma
 }
 
 // One NoPE value back: FP8 value times the block scale (exact in fp32). In FNUZ a 0x80 byte (NaN there)
-// can only come from an OCP writer's -0 and reads as +0.
+// can only come from an OCP writer's -0 and reads as +0, which the scale then multiplies like any other
+// zero (a NaN scale makes it NaN, as in the reference).
 template <Fp8Format F>
 DSV4_HD float dequantize_nope_value(uint8_t code, float block_scale) {
   if constexpr (F == Fp8Format::kFNUZ) {
-    if (code == 0x80u) return 0.0f;
+    if (code == 0x80u) return 0.0f * block_scale;
   }
   return fp8_decode<F>(code) * block_scale;
 }
+
+// Scale bytes from which the bf16 of every dequantize_nope_value product is the top half of its fp32 bits:
+// the smallest FP8 magnitude is 2^-9 (OCP) or 2^-10 (FNUZ), and 2^-10 * 2^(11-127) = 2^-126, so every
+// product is then 0, an fp32 normal with at most 4 significant bits, Inf or a quiet NaN. Readers that
+// convert many values skip the rounding work for such blocks.
+inline constexpr uint8_t kTruncationExactScaleByte = 11;
 
 // One whole record back to its 512 bf16 values: the NoPE dims through dequantize_nope_value and a bf16
 // rounding (exact but for under- or overflow), then the stored bf16 RoPE dims (little-endian).
