@@ -781,23 +781,6 @@ __global__ void __launch_bounds__(kReduceThreads) sparse_mla_reduce_kernel(Spars
 
 #endif  // DSV4_GPU_COMPILER
 
-int device_multiprocessors() {
-  int device = 0;
-  int count = 0;
-#if defined(__HIPCC__)
-  if (hipGetDevice(&device) != hipSuccess ||
-      hipDeviceGetAttribute(&count, hipDeviceAttributeMultiprocessorCount, device) != hipSuccess) {
-    count = 0;
-  }
-#else
-  if (cudaGetDevice(&device) != cudaSuccess ||
-      cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
-    count = 0;
-  }
-#endif
-  return count > 0 ? count : 128;
-}
-
 // Heads per partial block: 32 (two groups sharing each decoded tile) on NVIDIA when H > 16, else 16.
 // The AMD targets keep one group: two would exceed gfx942's 64 KB of LDS.
 int heads_per_block(int64_t heads) {

@@ -17,6 +17,25 @@ inline unsigned elementwise_blocks(int64_t work_items) {
   return static_cast<unsigned>(blocks < 1 ? 1 : blocks);
 }
 
+// The current device's multiprocessor (CU) count, for grids sized to one wave of resident blocks; 128
+// if the runtime cannot say.
+inline int device_multiprocessors() {
+  int device = 0;
+  int count = 0;
+#if defined(__HIPCC__)
+  if (hipGetDevice(&device) != hipSuccess ||
+      hipDeviceGetAttribute(&count, hipDeviceAttributeMultiprocessorCount, device) != hipSuccess) {
+    count = 0;
+  }
+#else
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
+    count = 0;
+  }
+#endif
+  return count > 0 ? count : 128;
+}
+
 inline LaunchStatus last_launch_status() {
   return hipGetLastError() == hipSuccess ? LaunchStatus::kOk : LaunchStatus::kLaunchFailed;
 }
