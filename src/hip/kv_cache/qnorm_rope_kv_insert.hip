@@ -11,6 +11,7 @@
 // A job issues its row load together with its position load, never behind it: the row is read whatever
 // the position (it is in bounds) and whether to use it is decided once both are in flight. Each group
 // loops over jobs and issues the next job's loads before it computes and stores the current one.
+#include "dsv4/fp8x2.h"
 #include "dsv4/launch.h"
 #include "dsv4/rope.h"
 #include "kv_cache_launchers.h"
@@ -79,13 +80,15 @@ DSV4_DEVICE void store_zero_bf16_share(uint16_t* row, int lane) {
   for (int h = 0; h < 2; ++h) *reinterpret_cast<uint4*>(row + h * kHalfDims + lane * kPieceDims) = make_uint4(0, 0, 0, 0);
 }
 
-// fp8(clamp(v * multiplier, +-quant_max)) for 8 values.
+// fp8(clamp(v * multiplier, +-quant_max)) for 8 values, two per conversion instruction where the device
+// has a paired one (dsv4/fp8x2.h: the same bytes as fp8_encode_clamped on each value).
 template <Fp8Format F>
 DSV4_DEVICE uint2 pack_fp8x8(const float* values, float multiplier, float quant_max) {
   uint32_t words[2] = {0, 0};
 #pragma unroll
-  for (int j = 0; j < kPieceDims; ++j) {
-    words[j / 4] |= static_cast<uint32_t>(fp8_encode_clamped<F>(values[j] * multiplier, quant_max)) << (8 * (j % 4));
+  for (int j = 0; j < kPieceDims; j += 2) {
+    words[j / 4] |= fp8x2_encode_clamped<F>(values[j] * multiplier, values[j + 1] * multiplier, quant_max)
+                    << (8 * (j % 4));
   }
   return make_uint2(words[0], words[1]);
 }

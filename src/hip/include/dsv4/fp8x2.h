@@ -2,7 +2,8 @@
 // value (a new header rather than an edit of fp8.h, which other areas share): the paired conversions
 // NVIDIA (cvt.rn.satfinite.e4m3x2.f32) and AMD (v_cvt_pk_fp8_f32) have convert each element exactly as
 // the single-value paths of fp8.h use them, so only the instruction count changes. The quantizers that
-// write long runs of values (wo_a's group quantizer) use it; everything else keeps fp8.h.
+// write long runs of values (wo_a's group quantizer, the full-cache FP8 Q and KV rows) use it; everything
+// else keeps fp8.h.
 #pragma once
 
 #include "dsv4/fp8.h"
