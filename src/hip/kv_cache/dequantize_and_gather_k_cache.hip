@@ -13,10 +13,6 @@ constexpr int kHalfDims = ds_mla::kHeadDim / 2;                               //
 constexpr int kFirstRopeLane = (ds_mla::kNopeDim - kHalfDims) / kPieceDims;  // 24
 constexpr int kTokensPerBlock = kElementwiseThreads / kThreadsPerToken;
 constexpr int64_t kMaxGridRequests = 65535;
-// The grid is one wave of resident blocks, each warp looping over its rows: on the H200 (4 blocks per
-// multiprocessor at 64 registers) that beat grids of 2, 1.5 and 0.5 waves at every benchmark size, by up
-// to 15%. The AMD targets could hold more blocks a CU (not measured there).
-constexpr int64_t kResidentBlocksPerMultiprocessor = 4;
 constexpr int64_t kMinTokenBlocks = 8;
 constexpr int kRowsInFlight = 2;  // per warp; r + i stays below 32 since this divides 32
 
@@ -98,10 +94,10 @@ DSV4_DEVICE void finish_row(const RowLoad& load, uint16_t* out, int lane, const 
 // Each warp gathers rows first, first + stride, ... of each request. For each chunk of 32 of them, lane j
 // looks up row j's table entry, so one round of table loads serves 32 rows; the records of
 // kRowsInFlight rows are then loaded together before either is decoded and stored. At most 64 registers
-// a thread (4 blocks per multiprocessor on NVIDIA): measured best with two rows in flight.
+// a thread (4 blocks per multiprocessor on NVIDIA): measured best with two rows in flight. The grid is
+// one wave (one_wave_blocks).
 template <Fp8Format F>
-__global__ void __launch_bounds__(kElementwiseThreads, kResidentBlocksPerMultiprocessor)
-    dequantize_and_gather_kernel(KvGatherArgs args) {
+__global__ void __launch_bounds__(kElementwiseThreads, 4) dequantize_and_gather_kernel(KvGatherArgs args) {
   __shared__ float decoded[256];
   for (int code = threadIdx.x; code < 256; code += blockDim.x) {
     decoded[code] = ds_mla::dequantize_nope_value<F>(static_cast<uint8_t>(code), 1.0f);
@@ -151,14 +147,15 @@ LaunchStatus launch_dequantize_and_gather_k_cache(const KvGatherArgs& args, void
   const int64_t rows = args.out_rows - args.offset;
   if (args.requests == 0 || rows == 0) return LaunchStatus::kOk;
   const int64_t request_blocks = args.requests < kMaxGridRequests ? args.requests : kMaxGridRequests;
-  int64_t token_blocks = (rows + kTokensPerBlock - 1) / kTokensPerBlock;
-  int64_t token_block_cap = kResidentBlocksPerMultiprocessor * device_multiprocessors() / request_blocks;
-  token_block_cap = token_block_cap > kMinTokenBlocks ? token_block_cap : kMinTokenBlocks;
-  token_blocks = token_blocks < token_block_cap ? token_blocks : token_block_cap;
-  const dim3 grid(static_cast<unsigned>(token_blocks), static_cast<unsigned>(request_blocks));
   auto hip_stream = static_cast<hipStream_t>(stream);
   with_fp8_format(args.format, [&](auto format_tag) {
     constexpr Fp8Format kFormat = decltype(format_tag)::value;
+    const int64_t wave = one_wave_blocks<dequantize_and_gather_kernel<kFormat>>(kElementwiseThreads);
+    int64_t token_blocks = (rows + kTokensPerBlock - 1) / kTokensPerBlock;
+    int64_t token_block_cap = wave / request_blocks;
+    token_block_cap = token_block_cap > kMinTokenBlocks ? token_block_cap : kMinTokenBlocks;
+    token_blocks = token_blocks < token_block_cap ? token_blocks : token_block_cap;
+    const dim3 grid(static_cast<unsigned>(token_blocks), static_cast<unsigned>(request_blocks));
     hipLaunchKernelGGL((dequantize_and_gather_kernel<kFormat>), grid, dim3(kElementwiseThreads), 0, hip_stream, args);
   });
   return last_launch_status();

@@ -25,9 +25,6 @@ constexpr int kHalfDims = ds_mla::kHeadDim / 2;                                 
 constexpr int kFirstRopeLane = (ds_mla::kNopeDim - kHalfDims) / kPieceDims;     // 24
 constexpr int kLanesPerQuantBlock = ds_mla::kQuantBlock / kPieceDims;           // 8
 constexpr int kGroupsPerBlock = kElementwiseThreads / kGroupLanes;
-// Enough blocks to fill any current GPU several times over; beyond that, groups loop over jobs, which
-// lets them keep the next job's loads in flight.
-constexpr int64_t kMaxBlocks = 2048;
 
 // A lane's 16 values of one row: piece h holds dims h*256 + 8*lane + j.
 struct Share {
@@ -307,25 +304,27 @@ LaunchStatus launch_qnorm_rope_kv_insert(const QnormRopeKvInsertArgs& args, void
   }
   const int64_t groups = args.tokens * (args.padded_heads + 1);
   if (groups == 0) return LaunchStatus::kOk;
-  int64_t blocks = (groups + kGroupsPerBlock - 1) / kGroupsPerBlock;
-  blocks = blocks < kMaxBlocks ? blocks : kMaxBlocks;
+  const int64_t needed_blocks = (groups + kGroupsPerBlock - 1) / kGroupsPerBlock;
   auto hip_stream = static_cast<hipStream_t>(stream);
+  // At most one wave (one_wave_blocks); groups then loop over jobs, keeping the next job's loads in flight.
+  const auto grid = [&](int64_t wave) {
+    return dim3(static_cast<unsigned>(needed_blocks < wave ? needed_blocks : wave));
+  };
   with_fp8_format(args.format, [&](auto format_tag) {
     constexpr Fp8Format kFormat = decltype(format_tag)::value;
-    const dim3 grid(static_cast<unsigned>(blocks));
+    constexpr auto kBf16 = qnorm_rope_kv_insert_kernel<kFormat, KvRowStore::kBf16Row>;
+    constexpr auto kFp8 = qnorm_rope_kv_insert_kernel<kFormat, KvRowStore::kFp8Row>;
+    constexpr auto kDsMla = qnorm_rope_kv_insert_kernel<kFormat, KvRowStore::kDsMlaRecord>;
     const dim3 block(kElementwiseThreads);
     switch (args.kv_store) {
       case KvRowStore::kBf16Row:
-        hipLaunchKernelGGL((qnorm_rope_kv_insert_kernel<kFormat, KvRowStore::kBf16Row>), grid, block, 0, hip_stream,
-                           args);
+        hipLaunchKernelGGL(kBf16, grid(one_wave_blocks<kBf16>(kElementwiseThreads)), block, 0, hip_stream, args);
         break;
       case KvRowStore::kFp8Row:
-        hipLaunchKernelGGL((qnorm_rope_kv_insert_kernel<kFormat, KvRowStore::kFp8Row>), grid, block, 0, hip_stream,
-                           args);
+        hipLaunchKernelGGL(kFp8, grid(one_wave_blocks<kFp8>(kElementwiseThreads)), block, 0, hip_stream, args);
         break;
       default:
-        hipLaunchKernelGGL((qnorm_rope_kv_insert_kernel<kFormat, KvRowStore::kDsMlaRecord>), grid, block, 0,
-                           hip_stream, args);
+        hipLaunchKernelGGL(kDsMla, grid(one_wave_blocks<kDsMla>(kElementwiseThreads)), block, 0, hip_stream, args);
         break;
     }
   });
