@@ -1,11 +1,14 @@
 // mHC kernels (spec/mhc.md): mhc_pre and hc_head as three kernels (dot products, per-token epilogue,
-// collapse); mhc_post as one streaming kernel. The numerics of the epilogue are dsv4/mhc.h, shared with
-// the CPU path.
+// collapse), after a fourth that splits fn for many tokens; mhc_post as one streaming kernel. The
+// numerics of the epilogue are dsv4/mhc.h, shared with the CPU path.
 //
 // Dot products on the matrix units (mhc_tile_mma.h): a warp takes 16 tokens, a block 4 warps. fn is
-// fp32 and the units take bf16, so each 64-wide chunk of fn is split, once per block, into three bf16
-// planes hi + mid + lo that sum to it exactly; the products with the bf16 stream values are then exact and
-// only the accumulation rounds, as in an fp32 dot product. The flattened row is split into k_splits
+// fp32 and the units take bf16, so each 64-wide chunk of fn is split into three bf16 planes hi + mid + lo
+// that sum to it exactly; the products with the bf16 stream values are then exact and only the
+// accumulation rounds, as in an fp32 dot product. With a few token blocks each block splits its chunks
+// itself; with more, one small kernel splits fn once into the workspace and the blocks copy the planes
+// (the split is most of a block's instructions otherwise). The sums of squares are products on the
+// matrix units too (a tile times its own transpose: the diagonal). The flattened row is split into k_splits
 // slices over the grid's second dimension, so that a handful of tokens (decode) still fills the GPU; each
 // slice writes its partial sums, which the epilogue kernel adds in a fixed order (no atomics: the result
 // does not depend on scheduling).
@@ -21,12 +24,26 @@ constexpr int kThreads = 256;
 constexpr int kHalfLanes = 32;     // reductions stay within 32-lane groups on both vendors
 constexpr int kTargetBlocks = 528;  // dots blocks: about four per SM on current GPUs
 constexpr int kDotsWarps = 4;
-constexpr int kDotsTilesPerWarp = 1;  // 16-token tiles per warp in the pre dots kernel
-constexpr int kDotsTokens = kDotsWarps * kDotsTilesPerWarp * tile::kRows;  // tokens per pre dots block
+// 16-token tiles per warp in the pre dots kernel: two from kTwoTileMinTokens tokens (each fn chunk in
+// shared memory then serves twice the tokens; with fewer tokens the extra blocks of one tile pay more).
+constexpr int64_t kTwoTileMinTokens = 2048;
+DSV4_HD constexpr int dots_tiles_per_warp(int64_t tokens) { return tokens >= kTwoTileMinTokens ? 2 : 1; }
+DSV4_HD constexpr int64_t dots_block_tokens(int tiles_per_warp) { return int64_t{kDotsWarps} * tiles_per_warp * 16; }
+// Floats per token and k slice in the partial sums: the mixes and the sum of squares, padded for 16-byte
+// loads.
+DSV4_HD constexpr int partial_stride(int mixes) { return (mixes + 1 + 3) / 4 * 4; }
 constexpr int kSplitPlanes = 3;                        // fn = hi + mid + lo
+// Token blocks from which fn is split once by its own kernel rather than by every block.
+constexpr int64_t kPresplitMinTokenBlocks = 4;
+// Upper bound of the bytes of one split chunk of fn (FnChunk) on either vendor, for the host's workspace
+// size: columns padded to 16 (the CDNA tile width; NVIDIA's 8 divides it).
+DSV4_HD constexpr int64_t split_chunk_bytes_bound(int mixes) {
+  return int64_t{(mixes + 15) / 16 * 16} * kSplitPlanes * tile::kChunk * 2;
+}
 constexpr int kEpilogueThreads = 128;
-constexpr int kMaxSplits = 2 * kHalfLanes;
-constexpr int kEpilogueTokens = kEpilogueThreads / kHalfLanes;  // tokens per epilogue block
+constexpr int kEpilogueLanes = 16;  // lanes per token in the epilogue: one per comb value
+constexpr int kMaxSplits = 4 * kEpilogueLanes;
+constexpr int kEpilogueTokens = kEpilogueThreads / kEpilogueLanes;  // tokens per epilogue block
 
 DSV4_DEVICE float half_group_sum(float value) {
 #pragma unroll
@@ -34,8 +51,6 @@ DSV4_DEVICE float half_group_sum(float value) {
   return value;
 }
 
-DSV4_DEVICE float bf16_low(uint32_t word) { return bits_float(word << 16); }
-DSV4_DEVICE float bf16_high(uint32_t word) { return bits_float(word & 0xffff0000u); }
 
 // 4 consecutive fp32 values split into three bf16 planes (hi, mid, lo), each packed as 4 bf16.
 DSV4_DEVICE void split_planes(const float4& v, uint2 (&planes)[kSplitPlanes]) {
@@ -65,6 +80,7 @@ struct FnChunk {
   static constexpr int kVectorsPerColumn = tile::kChunk / 4;
   static constexpr int kVectors = kColTiles * tile::kCols * kVectorsPerColumn;  // float4 loads per chunk
   uint4 runs[kColTiles][kSplitPlanes][2][tile::kCols][tile::kRuns];
+  static constexpr int kUint4s = kColTiles * kSplitPlanes * 2 * tile::kCols * tile::kRuns;
 
   // float4 number f of the chunk starting at fn + k0 (zero for the padding columns).
   static DSV4_DEVICE float4 load(const float* fn, int64_t count, int64_t k0, int f) {
@@ -87,20 +103,32 @@ struct FnChunk {
   }
 };
 
+// The sums of squares on the matrix units: tile q of them is the warp's A tile times its rows
+// [q * kCols, (q + 1) * kCols) as the B operand, whose diagonal holds those rows' squares. Row
+// a_row(lane, q) is q * kCols + b_col(lane) on both vendors, so the lane's A words of row q are its B words.
+constexpr int kSquareTiles = tile::kRows / tile::kCols;
+static_assert(kSquareTiles == tile::kRowsPerLane, "a lane's rows of A are its columns of the square tiles");
+using SquareTiles = float[kSquareTiles][tile::kAccumulators];
+
 // The lane's share of half `h` of one chunk (steps 2h and 2h + 1: values 8h..8h+7 of every run): its A
-// values times every column tile and plane of the chunk, plus the squares of its A values.
+// values times every column tile and plane of the chunk, and times themselves for the squares.
 template <int kMixes>
-DSV4_DEVICE void accumulate_half(float (&acc)[FnChunk<kMixes>::kColTiles][tile::kAccumulators],
-                                 float (&squares)[tile::kRowsPerLane], const uint4 (&a_half)[tile::kRowsPerLane],
-                                 const FnChunk<kMixes>& chunk, int lane, int h) {
-#pragma unroll
-  for (int i = 0; i < tile::kRowsPerLane; ++i) {
-    const uint32_t words[4] = {a_half[i].x, a_half[i].y, a_half[i].z, a_half[i].w};
-#pragma unroll
-    for (int w = 0; w < 4; ++w) squares[i] += bf16_low(words[w]) * bf16_low(words[w]) + bf16_high(words[w]) * bf16_high(words[w]);
-  }
+DSV4_DEVICE void accumulate_half(float (&acc)[FnChunk<kMixes>::kColTiles][tile::kAccumulators], SquareTiles& squares,
+                                 const uint4 (&a_half)[tile::kRowsPerLane], const FnChunk<kMixes>& chunk, int lane,
+                                 int h) {
   const int col = tile::b_col(lane);
   const int run = tile::run_of(lane);
+#pragma unroll
+  for (int step = 0; step < 2; ++step) {
+    uint32_t a[tile::kRowsPerLane][2];
+#pragma unroll
+    for (int i = 0; i < tile::kRowsPerLane; ++i) {
+      a[i][0] = step == 0 ? a_half[i].x : a_half[i].z;
+      a[i][1] = step == 0 ? a_half[i].y : a_half[i].w;
+    }
+#pragma unroll
+    for (int q = 0; q < kSquareTiles; ++q) tile::mma_step(squares[q], a, a[q]);
+  }
 #pragma unroll
   for (int c = 0; c < FnChunk<kMixes>::kColTiles; ++c) {
 #pragma unroll
@@ -123,9 +151,9 @@ DSV4_DEVICE void accumulate_half(float (&acc)[FnChunk<kMixes>::kColTiles][tile::
 
 // The whole chunk: both halves.
 template <int kMixes>
-DSV4_DEVICE void accumulate_chunk(float (&acc)[FnChunk<kMixes>::kColTiles][tile::kAccumulators],
-                                  float (&squares)[tile::kRowsPerLane], const uint4 (&a_runs)[tile::kRowsPerLane][2],
-                                  const FnChunk<kMixes>& chunk, int lane) {
+DSV4_DEVICE void accumulate_chunk(float (&acc)[FnChunk<kMixes>::kColTiles][tile::kAccumulators], SquareTiles& squares,
+                                  const uint4 (&a_runs)[tile::kRowsPerLane][2], const FnChunk<kMixes>& chunk,
+                                  int lane) {
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     uint4 a_half[tile::kRowsPerLane];
@@ -139,15 +167,11 @@ DSV4_DEVICE void accumulate_chunk(float (&acc)[FnChunk<kMixes>::kColTiles][tile:
 template <int kMixes>
 DSV4_DEVICE void write_partials(const MhcPreArgs& args, int split, int64_t warp_token, int lane,
                                 float (&acc)[FnChunk<kMixes>::kColTiles][tile::kAccumulators],
-                                float (&squares)[tile::kRowsPerLane]) {
-  // The sum of squares of a row: its runs are spread over kRuns lanes.
-#pragma unroll
-  for (int i = 0; i < tile::kRowsPerLane; ++i) {
-    squares[i] += shuffle_xor(squares[i], tile::kRunLaneMask0, kWarpSize);
-    squares[i] += shuffle_xor(squares[i], tile::kRunLaneMask1, kWarpSize);
-  }
+                                const SquareTiles& squares) {
   // Layout [token][split][mix]: the epilogue's lanes then read a token's slices contiguously.
-  const auto partial = [&](int64_t token) { return args.partials + (token * args.k_splits + split) * (kMixes + 1); };
+  const auto partial = [&](int64_t token) {
+    return args.partials + (token * args.k_splits + split) * partial_stride(kMixes);
+  };
 #pragma unroll
   for (int c = 0; c < FnChunk<kMixes>::kColTiles; ++c) {
 #pragma unroll
@@ -157,11 +181,14 @@ DSV4_DEVICE void write_partials(const MhcPreArgs& args, int split, int64_t warp_
       if (token < args.tokens && mix < kMixes) partial(token)[mix] = acc[c][e];
     }
   }
-  if (tile::run_of(lane) == 0) {
+  // Each row's square is on the diagonal of one square tile, held by exactly one lane.
 #pragma unroll
-    for (int i = 0; i < tile::kRowsPerLane; ++i) {
-      const int64_t token = warp_token + tile::a_row(lane, i);
-      if (token < args.tokens) partial(token)[kMixes] = squares[i];
+  for (int q = 0; q < kSquareTiles; ++q) {
+#pragma unroll
+    for (int e = 0; e < tile::kAccumulators; ++e) {
+      const int row = tile::d_row(lane, e);
+      const int64_t token = warp_token + row;
+      if (row == q * tile::kCols + tile::d_col(lane, e) && token < args.tokens) partial(token)[kMixes] = squares[q][e];
     }
   }
 }
@@ -175,8 +202,30 @@ DSV4_DEVICE ChunkSlice chunk_slice(int64_t chunks, int k_splits) {
   return {chunks * blockIdx.y / k_splits, chunks * (blockIdx.y + 1) / k_splits};
 }
 
+// fn split once for every block: the chunks' FnChunk images in chunk order.
 template <int kMixes>
-__global__ void __launch_bounds__(kDotsWarps * kWarpSize) mhc_dots_kernel(MhcPreArgs args) {
+__global__ void __launch_bounds__(kThreads) mhc_split_fn_kernel(const float* fn, int64_t count, FnChunk<kMixes>* chunks) {
+  using Chunk = FnChunk<kMixes>;
+  static_assert(sizeof(Chunk) <= split_chunk_bytes_bound(kMixes), "the host sizes the workspace by this bound");
+  const int64_t vectors = count / tile::kChunk * Chunk::kVectors;
+  for (int64_t index = global_thread_index(); index < vectors; index += global_thread_count()) {
+    const IndexSplit split = divide_index(index, Chunk::kVectors);
+    const int f = static_cast<int>(split.remainder);
+    chunks[split.quotient].store(f, Chunk::load(fn, count, split.quotient * tile::kChunk, f));
+  }
+}
+
+DSV4_DEVICE uint4 float4_bits(const float4& v) {
+  return make_uint4(float_bits(v.x), float_bits(v.y), float_bits(v.z), float_bits(v.w));
+}
+DSV4_DEVICE float4 bits_float4(const uint4& v) {
+  return make_float4(bits_float(v.x), bits_float(v.y), bits_float(v.z), bits_float(v.w));
+}
+
+// kPresplit: the chunks come split from mhc_split_fn_kernel (split_fn); otherwise the block splits them.
+template <int kMixes, bool kPresplit, int kDotsTilesPerWarp>
+__global__ void __launch_bounds__(kDotsWarps * kWarpSize) mhc_dots_kernel(MhcPreArgs args, const FnChunk<kMixes>* split_fn) {
+  static_assert(dots_block_tokens(kDotsTilesPerWarp) == kDotsWarps * kDotsTilesPerWarp * tile::kRows, "16-row tiles");
   using Chunk = FnChunk<kMixes>;
   constexpr int kBlockThreads = kDotsWarps * kWarpSize;
   __shared__ Chunk fn_chunks[2];
@@ -188,12 +237,13 @@ __global__ void __launch_bounds__(kDotsWarps * kWarpSize) mhc_dots_kernel(MhcPre
   const ChunkSlice slice = chunk_slice(count / tile::kChunk, args.k_splits);
   const int64_t steps = slice.end - slice.first;
   const auto k_of = [&](int64_t step) { return (slice.first + step) * tile::kChunk; };
-  const int64_t warp_token = static_cast<int64_t>(blockIdx.x) * kDotsTokens + warp * kDotsTilesPerWarp * tile::kRows;
+  const int64_t warp_token =
+      static_cast<int64_t>(blockIdx.x) * dots_block_tokens(kDotsTilesPerWarp) + warp * kDotsTilesPerWarp * tile::kRows;
 
   const uint16_t* rows[kDotsTilesPerWarp][tile::kRowsPerLane];
   bool valid[kDotsTilesPerWarp][tile::kRowsPerLane];
   float acc[kDotsTilesPerWarp][Chunk::kColTiles][tile::kAccumulators];
-  float squares[kDotsTilesPerWarp][tile::kRowsPerLane];
+  SquareTiles squares[kDotsTilesPerWarp];
 #pragma unroll
   for (int m = 0; m < kDotsTilesPerWarp; ++m) {
 #pragma unroll
@@ -201,22 +251,34 @@ __global__ void __launch_bounds__(kDotsWarps * kWarpSize) mhc_dots_kernel(MhcPre
       const int64_t token = warp_token + m * tile::kRows + tile::a_row(lane, i);
       valid[m][i] = token < args.tokens;
       rows[m][i] = args.residual + (valid[m][i] ? token : 0) * count + run * tile::kRunLength;
-      squares[m][i] = 0.0f;
     }
 #pragma unroll
     for (int c = 0; c < Chunk::kColTiles; ++c) {
 #pragma unroll
       for (int e = 0; e < tile::kAccumulators; ++e) acc[m][c][e] = 0.0f;
     }
+#pragma unroll
+    for (int q = 0; q < kSquareTiles; ++q) {
+#pragma unroll
+      for (int e = 0; e < tile::kAccumulators; ++e) squares[m][q][e] = 0.0f;
+    }
   }
 
-  constexpr int kStaged = (Chunk::kVectors + kBlockThreads - 1) / kBlockThreads;
-  float4 staged[kStaged];
-  const auto stage = [&](int64_t k0) {
+  // A thread's share of one chunk: 16-byte pieces of its split image, or float4s of fn to split.
+  constexpr int kPieces = kPresplit ? Chunk::kUint4s : Chunk::kVectors;
+  constexpr int kStaged = (kPieces + kBlockThreads - 1) / kBlockThreads;
+  uint4 staged[kStaged];
+  const auto stage = [&](int64_t step) {
 #pragma unroll
     for (int s = 0; s < kStaged; ++s) {
       const int f = threadIdx.x + s * kBlockThreads;
-      if (f < Chunk::kVectors) staged[s] = Chunk::load(args.fn, count, k0, f);
+      if (f < kPieces) {
+        if constexpr (kPresplit) {
+          staged[s] = reinterpret_cast<const uint4*>(split_fn + slice.first + step)[f];
+        } else {
+          staged[s] = float4_bits(Chunk::load(args.fn, count, k_of(step), f));
+        }
+      }
     }
   };
   using Runs = uint4[kDotsTilesPerWarp][tile::kRowsPerLane][2];
@@ -239,14 +301,20 @@ __global__ void __launch_bounds__(kDotsWarps * kWarpSize) mhc_dots_kernel(MhcPre
 #pragma unroll
     for (int s = 0; s < kStaged; ++s) {
       const int f = threadIdx.x + s * kBlockThreads;
-      if (f < Chunk::kVectors) chunk.store(f, staged[s]);
+      if (f < kPieces) {
+        if constexpr (kPresplit) {
+          reinterpret_cast<uint4*>(&chunk)[f] = staged[s];
+        } else {
+          chunk.store(f, bits_float4(staged[s]));
+        }
+      }
     }
   };
   // Pipeline: while a chunk is multiplied (fn from one shared buffer), the next chunk's stream values and
   // fn values load into registers, and the fn values then go to the other buffer: one barrier per chunk.
   Runs next_runs;
   if (steps > 0) {
-    stage(k_of(0));
+    stage(0);
     load_a(k_of(0), next_runs);
     store_staged(fn_chunks[0]);
     __syncthreads();
@@ -263,7 +331,7 @@ __global__ void __launch_bounds__(kDotsWarps * kWarpSize) mhc_dots_kernel(MhcPre
     }
     const bool more = step + 1 < steps;
     if (more) {
-      stage(k_of(step + 1));
+      stage(step + 1);
       load_a(k_of(step + 1), next_runs);
     }
 #pragma unroll
@@ -289,28 +357,38 @@ DSV4_DEVICE float select(const float (&values)[kCount], int index) {
   return chosen;
 }
 
-// A 32-lane group per token: the partial sums of the k slices (lane l adds slices l, l + 32, ..., then a
-// butterfly: a fixed order), then the epilogue of dsv4/mhc.h spread over lanes: lane e < 16 holds comb
-// value e (row e / 4, column e % 4) through the Sinkhorn steps, whose row and column sums are butterflies
-// in the pairwise order of mhc::sum4, so the result equals the one-thread form; lanes 0-3 write the pre
-// weights (to the workspace, for the collapse) and lanes 4-7 the post weights.
+// A 16-lane group per token: the partial sums of the k slices (lane l adds slices l, l + 16, ..., then a
+// butterfly: a fixed order), then the epilogue of dsv4/mhc.h spread over lanes: lane e holds comb value e
+// (row e / 4, column e % 4) through the Sinkhorn steps, whose row and column sums are butterflies in the
+// pairwise order of mhc::sum4, so the result equals the one-thread form; lanes 0-3 write the pre weights
+// (to the workspace, for the collapse) and lanes 4-7 the post weights.
 template <int kMixes>
 __global__ void __launch_bounds__(kEpilogueThreads) mhc_epilogue_kernel(MhcPreArgs args, float* pre_weights) {
   constexpr int kStreams = mhc::kHcMult;
-  const int group_lane = threadIdx.x % kHalfLanes;
-  const int64_t token = static_cast<int64_t>(blockIdx.x) * kEpilogueTokens + threadIdx.x / kHalfLanes;
+  const int group_lane = threadIdx.x % kEpilogueLanes;
+  const int64_t token = static_cast<int64_t>(blockIdx.x) * kEpilogueTokens + threadIdx.x / kEpilogueLanes;
   if (token >= args.tokens) return;  // the whole group: all its lanes share the token
-  float sums[kMixes + 1];
+  constexpr int kStride = partial_stride(kMixes);
+  float sums[kStride];  // the mixes, the sum of squares, then padding (never written, never used)
 #pragma unroll
-  for (int m = 0; m <= kMixes; ++m) sums[m] = 0.0f;
+  for (int m = 0; m < kStride; ++m) sums[m] = 0.0f;
 #pragma unroll 4
-  for (int s = group_lane; s < args.k_splits; s += kHalfLanes) {
-    const float* partial = args.partials + (token * args.k_splits + s) * (kMixes + 1);
+  for (int s = group_lane; s < args.k_splits; s += kEpilogueLanes) {
+    const float4* partial = reinterpret_cast<const float4*>(args.partials + (token * args.k_splits + s) * kStride);
 #pragma unroll
-    for (int m = 0; m <= kMixes; ++m) sums[m] += partial[m];
+    for (int v = 0; v < kStride / 4; ++v) {
+      const float4 value = partial[v];
+      sums[4 * v] += value.x;
+      sums[4 * v + 1] += value.y;
+      sums[4 * v + 2] += value.z;
+      sums[4 * v + 3] += value.w;
+    }
   }
 #pragma unroll
-  for (int m = 0; m <= kMixes; ++m) sums[m] = half_group_sum(sums[m]);
+  for (int m = 0; m <= kMixes; ++m) {
+#pragma unroll
+    for (int mask = kEpilogueLanes / 2; mask >= 1; mask >>= 1) sums[m] += shuffle_xor(sums[m], mask, kEpilogueLanes);
+  }
   const float r = mhc::rms_factor(sums[kMixes], kStreams * args.hidden, args.config.rms_eps);
   if (group_lane < kStreams) {
     pre_weights[token * kStreams + group_lane] =
@@ -321,8 +399,9 @@ __global__ void __launch_bounds__(kEpilogueThreads) mhc_epilogue_kernel(MhcPreAr
       args.post_mix[token * kStreams + group_lane - kStreams] =
           mhc::post_weight(select(sums, group_lane), r, args.scale, args.base[group_lane], args.config);
     }
-    constexpr int kComb = kStreams * kStreams;  // 16 lanes; lanes 16-31 repeat them
-    const int e = group_lane % kComb;
+    constexpr int kComb = kStreams * kStreams;
+    static_assert(kComb == kEpilogueLanes, "one lane per comb value");
+    const int e = group_lane;
     const float eps = args.config.sinkhorn_eps;
     const float logit = mhc::comb_logit(select(sums, 2 * kStreams + e), r, args.scale, args.base[2 * kStreams + e]);
     float row_max = fmaxf(logit, shuffle_xor(logit, 1, kComb));
@@ -341,7 +420,7 @@ __global__ void __launch_bounds__(kEpilogueThreads) mhc_epilogue_kernel(MhcPreAr
       normalize(1);
       normalize(4);
     }
-    if (group_lane < kComb) args.comb_mix[token * kComb + e] = c;
+    args.comb_mix[token * kComb + e] = c;
   }
 }
 
@@ -473,14 +552,56 @@ constexpr int kHostWarpSize = 64;
 constexpr int kHostWarpSize = 32;
 #endif
 
-dim3 dots_grid(const MhcPreArgs& args) {
-  return dim3(static_cast<unsigned>((args.tokens + kDotsTokens - 1) / kDotsTokens), static_cast<unsigned>(args.k_splits));
+int64_t token_blocks(int64_t tokens) {
+  const int64_t block_tokens = dots_block_tokens(dots_tiles_per_warp(tokens));
+  return (tokens + block_tokens - 1) / block_tokens;
+}
+bool presplit_fn(int64_t tokens) { return token_blocks(tokens) >= kPresplitMinTokenBlocks; }
+
+// The workspace, in floats: the partial sums [tokens][k_splits][partial_stride], the pre weights [tokens][4],
+// then, where fn is split once, its split chunks from a 256-byte boundary.
+struct PreWorkspaceLayout {
+  int64_t pre_weights;
+  int64_t split_fn;
+  int64_t floats;
+};
+PreWorkspaceLayout pre_workspace_layout(int64_t tokens, int64_t hidden, int mixes) {
+  constexpr int64_t kAlignFloats = 64;
+  PreWorkspaceLayout layout{};
+  layout.pre_weights = static_cast<int64_t>(mhc_pre_k_splits(tokens, hidden)) * tokens * partial_stride(mixes);
+  layout.split_fn = (layout.pre_weights + tokens * mhc::kHcMult + kAlignFloats - 1) / kAlignFloats * kAlignFloats;
+  const int64_t chunks = mhc::kHcMult * hidden / tile::kChunk;
+  layout.floats = presplit_fn(tokens) ? layout.split_fn + chunks * split_chunk_bytes_bound(mixes) / 4
+                                      : layout.pre_weights + tokens * mhc::kHcMult;
+  return layout;
 }
 
-// After the dot products: the epilogue, then the collapse.
+// The dot products (after splitting fn, where that pays), the epilogue, then the collapse.
 template <int kMixes>
-void launch_epilogue_and_collapse(const MhcPreArgs& args, hipStream_t stream) {
-  float* pre_weights = args.partials + static_cast<int64_t>(args.k_splits) * args.tokens * (kMixes + 1);
+void launch_pre_kernels(const MhcPreArgs& args, hipStream_t stream) {
+  const PreWorkspaceLayout layout = pre_workspace_layout(args.tokens, args.hidden, kMixes);
+  const int64_t count = mhc::kHcMult * args.hidden;
+  const dim3 dots_grid(static_cast<unsigned>(token_blocks(args.tokens)), static_cast<unsigned>(args.k_splits));
+  const dim3 dots_block(kDotsWarps * kHostWarpSize);
+  if (presplit_fn(args.tokens)) {
+    auto* split_fn = reinterpret_cast<FnChunk<kMixes>*>(args.partials + layout.split_fn);
+    // A grid-stride loop: the vector count here need only be about right (FnChunk's tile width is a
+    // device-pass constant).
+    const int64_t vectors = count / tile::kChunk * split_chunk_bytes_bound(kMixes) / (kSplitPlanes * 2 * 4);
+    hipLaunchKernelGGL((mhc_split_fn_kernel<kMixes>), dim3(elementwise_blocks(vectors)), dim3(kThreads), 0, stream,
+                       args.fn, count, split_fn);
+    if (dots_tiles_per_warp(args.tokens) == 2) {
+      hipLaunchKernelGGL((mhc_dots_kernel<kMixes, true, 2>), dots_grid, dots_block, 0, stream, args,
+                         static_cast<const FnChunk<kMixes>*>(split_fn));
+    } else {
+      hipLaunchKernelGGL((mhc_dots_kernel<kMixes, true, 1>), dots_grid, dots_block, 0, stream, args,
+                         static_cast<const FnChunk<kMixes>*>(split_fn));
+    }
+  } else {
+    hipLaunchKernelGGL((mhc_dots_kernel<kMixes, false, 1>), dots_grid, dots_block, 0, stream, args,
+                       static_cast<const FnChunk<kMixes>*>(nullptr));
+  }
+  float* pre_weights = args.partials + layout.pre_weights;
   hipLaunchKernelGGL((mhc_epilogue_kernel<kMixes>),
                      dim3(static_cast<unsigned>((args.tokens + kEpilogueTokens - 1) / kEpilogueTokens)),
                      dim3(kEpilogueThreads), 0, stream, args, pre_weights);
@@ -498,18 +619,18 @@ bool valid_pre(const MhcPreArgs& args) {
 
 int mhc_pre_k_splits(int64_t tokens, int64_t hidden) {
   // Slices are ranges of 64-wide chunks of the flattened row.
-  const int64_t blocks = (tokens + kDotsTokens - 1) / kDotsTokens;
+  const int64_t blocks = token_blocks(tokens);
   const int64_t chunks = mhc::kHcMult * hidden / tile::kChunk;
   int64_t splits = blocks >= kTargetBlocks ? 1 : (kTargetBlocks + blocks - 1) / blocks;
   splits = splits < chunks ? splits : chunks;
-  // At most two slices per epilogue lane: the epilogue's serial loads cost a decode step more than the
-  // extra dots blocks would save.
+  // At most four slices per epilogue lane (loaded together): more serial loads there cost a decode step
+  // more than the extra dots blocks would save.
   splits = splits < kMaxSplits ? splits : kMaxSplits;
   return static_cast<int>(splits < 1 ? 1 : splits);
 }
 
 int64_t mhc_pre_workspace_floats(int64_t tokens, int64_t hidden, int mixes) {
-  return static_cast<int64_t>(mhc_pre_k_splits(tokens, hidden)) * tokens * (mixes + 1) + tokens * mhc::kHcMult;
+  return pre_workspace_layout(tokens, hidden, mixes).floats;
 }
 
 LaunchStatus launch_mhc_pre(const MhcPreArgs& args, void* stream) {
@@ -517,13 +638,9 @@ LaunchStatus launch_mhc_pre(const MhcPreArgs& args, void* stream) {
   if (args.tokens == 0) return LaunchStatus::kOk;
   auto hip_stream = static_cast<hipStream_t>(stream);
   if (args.mixes == mhc::kPreMixes) {
-    hipLaunchKernelGGL((mhc_dots_kernel<mhc::kPreMixes>), dots_grid(args), dim3(kDotsWarps * kHostWarpSize), 0,
-                       hip_stream, args);
-    launch_epilogue_and_collapse<mhc::kPreMixes>(args, hip_stream);
+    launch_pre_kernels<mhc::kPreMixes>(args, hip_stream);
   } else {
-    hipLaunchKernelGGL((mhc_dots_kernel<mhc::kHeadMixes>), dots_grid(args), dim3(kDotsWarps * kHostWarpSize), 0,
-                       hip_stream, args);
-    launch_epilogue_and_collapse<mhc::kHeadMixes>(args, hip_stream);
+    launch_pre_kernels<mhc::kHeadMixes>(args, hip_stream);
   }
   return last_launch_status();
 }
