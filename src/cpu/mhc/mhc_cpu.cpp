@@ -77,8 +77,9 @@ void mhc_post(const MhcPostArgs& args, int64_t begin, int64_t end) {
       for (int i = 0; i < kStreams; ++i) streams[i] = bf16_bits_to_float(residual[i * args.hidden + h]);
       const float xv = bf16_bits_to_float(x[h]);
       for (int j = 0; j < kStreams; ++j) {
-        const float comb_column[kStreams] = {comb[j], comb[kStreams + j], comb[2 * kStreams + j], comb[3 * kStreams + j]};
-        out[j * args.hidden + h] = float_to_bf16_bits(mhc::post_value(post[j], xv, comb_column, streams));
+        float v = post[j] * xv;
+        for (int i = 0; i < kStreams; ++i) v += comb[i * kStreams + j] * streams[i];
+        out[j * args.hidden + h] = float_to_bf16_bits(v);
       }
     }
   }

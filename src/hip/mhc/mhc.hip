@@ -12,8 +12,6 @@
 // slices over the grid's second dimension, so that a handful of tokens (decode) still fills the GPU; each
 // slice writes its partial sums, which the epilogue kernel adds in a fixed order (no atomics: the result
 // does not depend on scheduling).
-#include <type_traits>
-
 #include "dsv4/bf16.h"
 #include "dsv4/launch.h"
 #include "mhc_launchers.h"
@@ -35,7 +33,6 @@ DSV4_HD constexpr int64_t dots_block_tokens(int tiles_per_warp) { return int64_t
 // loads.
 DSV4_HD constexpr int partial_stride(int mixes) { return (mixes + 1 + 3) / 4 * 4; }
 constexpr int kSplitPlanes = 3;                        // fn = hi + mid + lo
-constexpr int kDimBlock = 64;                          // hidden dims per block of 4 chunks (see FnChunk)
 // Token blocks from which fn is split once by its own kernel rather than by every block.
 constexpr int64_t kPresplitMinTokenBlocks = 4;
 // Upper bound of the bytes of one split chunk of fn (FnChunk) on either vendor, for the host's workspace
@@ -44,10 +41,9 @@ DSV4_HD constexpr int64_t split_chunk_bytes_bound(int mixes) {
   return int64_t{(mixes + 15) / 16 * 16} * kSplitPlanes * tile::kChunk * 2;
 }
 constexpr int kEpilogueThreads = 128;
-// Lanes per token in the epilogue: 16 while a token has more k slices than kOneLaneMaxSplits, else 1.
-constexpr int kEpilogueLanes = 16;
-constexpr int kOneLaneMaxSplits = 16;
+constexpr int kEpilogueLanes = 16;  // lanes per token in the epilogue: one per comb value
 constexpr int kMaxSplits = 4 * kEpilogueLanes;
+constexpr int kEpilogueTokens = kEpilogueThreads / kEpilogueLanes;  // tokens per epilogue block
 
 DSV4_DEVICE float half_group_sum(float value) {
 #pragma unroll
@@ -76,20 +72,6 @@ DSV4_DEVICE void split_planes(const float4& v, uint2 (&planes)[kSplitPlanes]) {
   }
 }
 
-// The order of k (any order serves a dot product, if fn follows it). The pre kernels take the flattened
-// row in order: chunk c at k = 64c. The fused post+pre kernel goes by blocks of 64 hidden dims, and within
-// a dim block by stream: chunk c is stream c % 4 at dims [64 (c / 4), 64 (c / 4) + 64). A lane's run r of
-// the 4 chunks of a dim block is then the same 16 dims of each stream, all that it needs to form the lane's
-// new residual values; the 4 lanes of a row read 128 contiguous bytes per chunk either way.
-template <bool kByDimBlock>
-DSV4_HD int64_t chunk_offset(int64_t chunk, int64_t hidden) {
-  if constexpr (kByDimBlock) {
-    return chunk % mhc::kHcMult * hidden + chunk / mhc::kHcMult * kDimBlock;
-  } else {
-    return chunk * tile::kChunk;
-  }
-}
-//
 // One 64-wide chunk of fn for every mix, as the B operand: [column tile][plane][half of the run][column]
 // [run] (a warp's 16-byte reads of its runs are then contiguous).
 template <int kMixes>
@@ -100,13 +82,11 @@ struct FnChunk {
   uint4 runs[kColTiles][kSplitPlanes][2][tile::kCols][tile::kRuns];
   static constexpr int kUint4s = kColTiles * kSplitPlanes * 2 * tile::kCols * tile::kRuns;
 
-  // float4 number f of chunk `chunk` of fn [kMixes, 4 * hidden] (zero for the padding columns).
-  template <bool kByDimBlock>
-  static DSV4_DEVICE float4 load(const float* fn, int64_t hidden, int64_t chunk, int f) {
+  // float4 number f of the chunk starting at fn + k0 (zero for the padding columns).
+  static DSV4_DEVICE float4 load(const float* fn, int64_t count, int64_t k0, int f) {
     const int m = f / kVectorsPerColumn;
     if (m >= kMixes) return make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    return *reinterpret_cast<const float4*>(fn + m * mhc::kHcMult * hidden + chunk_offset<kByDimBlock>(chunk, hidden) +
-                                            4 * (f % kVectorsPerColumn));
+    return *reinterpret_cast<const float4*>(fn + m * count + k0 + 4 * (f % kVectorsPerColumn));
   }
 
   DSV4_DEVICE void store(int f, const float4& value) {
@@ -213,26 +193,25 @@ DSV4_DEVICE void write_partials(const MhcPreArgs& args, int split, int64_t warp_
   }
 }
 
-// The dim blocks [first, end) of slice blockIdx.y out of `dim_blocks` (a slice takes whole dim blocks:
-// the fused kernel forms all 4 streams of a dim block at once).
-struct DimBlockSlice {
+// The 64-wide chunks [first, end) of slice blockIdx.y out of `chunks`.
+struct ChunkSlice {
   int64_t first;
   int64_t end;
 };
-DSV4_DEVICE DimBlockSlice dim_block_slice(int64_t dim_blocks, int k_splits) {
-  return {dim_blocks * blockIdx.y / k_splits, dim_blocks * (blockIdx.y + 1) / k_splits};
+DSV4_DEVICE ChunkSlice chunk_slice(int64_t chunks, int k_splits) {
+  return {chunks * blockIdx.y / k_splits, chunks * (blockIdx.y + 1) / k_splits};
 }
 
 // fn split once for every block: the chunks' FnChunk images in chunk order.
-template <int kMixes, bool kByDimBlock>
-__global__ void __launch_bounds__(kThreads) mhc_split_fn_kernel(const float* fn, int64_t hidden, FnChunk<kMixes>* chunks) {
+template <int kMixes>
+__global__ void __launch_bounds__(kThreads) mhc_split_fn_kernel(const float* fn, int64_t count, FnChunk<kMixes>* chunks) {
   using Chunk = FnChunk<kMixes>;
   static_assert(sizeof(Chunk) <= split_chunk_bytes_bound(kMixes), "the host sizes the workspace by this bound");
-  const int64_t vectors = hidden / kDimBlock * mhc::kHcMult * Chunk::kVectors;
+  const int64_t vectors = count / tile::kChunk * Chunk::kVectors;
   for (int64_t index = global_thread_index(); index < vectors; index += global_thread_count()) {
     const IndexSplit split = divide_index(index, Chunk::kVectors);
     const int f = static_cast<int>(split.remainder);
-    chunks[split.quotient].store(f, Chunk::template load<kByDimBlock>(fn, hidden, split.quotient, f));
+    chunks[split.quotient].store(f, Chunk::load(fn, count, split.quotient * tile::kChunk, f));
   }
 }
 
@@ -243,99 +222,35 @@ DSV4_DEVICE float4 bits_float4(const uint4& v) {
   return make_float4(bits_float(v.x), bits_float(v.y), bits_float(v.z), bits_float(v.w));
 }
 
-// The fused post+pre kernel's inputs for one row of A and one dim block: x and the 4 old streams at the
-// lane's 16 dims.
-struct PostRun {
-  uint4 x[2];
-  uint4 streams[mhc::kHcMult][2];
-};
-using Run = uint4[2];  // a lane's 16 bf16 values of one row of A in one chunk
-
-// The row's new residual at the lane's 16 dims, every stream, as bf16 (mhc::post_value).
-DSV4_DEVICE void post_runs(const PostRun& in, const float (&post)[mhc::kHcMult],
-                           const float (&comb)[mhc::kHcMult][mhc::kHcMult], Run (&out)[mhc::kHcMult]) {
-  constexpr int kStreams = mhc::kHcMult;
-#pragma unroll
-  for (int w = 0; w < 8; ++w) {
-    const uint32_t x_word = reinterpret_cast<const uint32_t*>(in.x)[w];
-    uint32_t stream_words[kStreams];
-#pragma unroll
-    for (int i = 0; i < kStreams; ++i) stream_words[i] = reinterpret_cast<const uint32_t*>(in.streams[i])[w];
-    uint32_t halves[kStreams][2];
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const auto value_of = [&](uint32_t word) {
-        return bf16_bits_to_float(static_cast<uint16_t>(half == 0 ? word & 0xffffu : word >> 16));
-      };
-      float streams[kStreams];
-#pragma unroll
-      for (int i = 0; i < kStreams; ++i) streams[i] = value_of(stream_words[i]);
-      const float x = value_of(x_word);
-#pragma unroll
-      for (int j = 0; j < kStreams; ++j) {
-        const float comb_column[kStreams] = {comb[0][j], comb[1][j], comb[2][j], comb[3][j]};
-        halves[j][half] = float_to_bf16_bits(mhc::post_value(post[j], x, comb_column, streams));
-      }
-    }
-#pragma unroll
-    for (int j = 0; j < kStreams; ++j) reinterpret_cast<uint32_t*>(out[j])[w] = halves[j][0] | (halves[j][1] << 16);
-  }
-}
-
 // kPresplit: the chunks come split from mhc_split_fn_kernel (split_fn); otherwise the block splits them.
-// kFusedPost: the rows of A are the new residual of mhc_post(post), formed here from x and the old streams
-// one dim block ahead and written to post.out on the way (args.residual is that output, for the collapse).
-// Otherwise each chunk's runs load kPrefetch chunks ahead.
-template <int kMixes, bool kPresplit, int kDotsTilesPerWarp, bool kFusedPost>
-__global__ void __launch_bounds__(kDotsWarps * kWarpSize)
-    mhc_dots_kernel(MhcPreArgs args, const FnChunk<kMixes>* split_fn, MhcPostArgs post) {
+template <int kMixes, bool kPresplit, int kDotsTilesPerWarp>
+__global__ void __launch_bounds__(kDotsWarps * kWarpSize) mhc_dots_kernel(MhcPreArgs args, const FnChunk<kMixes>* split_fn) {
   static_assert(dots_block_tokens(kDotsTilesPerWarp) == kDotsWarps * kDotsTilesPerWarp * tile::kRows, "16-row tiles");
   using Chunk = FnChunk<kMixes>;
   constexpr int kBlockThreads = kDotsWarps * kWarpSize;
-  constexpr int kStreams = mhc::kHcMult;
-  constexpr int kPrefetch = 1;  // chunks ahead (plain); more slots take registers the occupancy needs
   __shared__ Chunk fn_chunks[2];
   const int lane = threadIdx.x % kWarpSize;
   const int warp = threadIdx.x / kWarpSize;
   const int run = tile::run_of(lane);
-  const int64_t count = kStreams * args.hidden;
-  const DimBlockSlice slice = dim_block_slice(args.hidden / kDimBlock, args.k_splits);
-  const int64_t steps = (slice.end - slice.first) * kStreams;  // chunks
-  const int64_t first_chunk = slice.first * kStreams;
-  // The lane's 16 dims of the dim block of chunk `step`.
-  const auto dims_of = [&](int64_t step) {
-    return (slice.first + step / kStreams) * kDimBlock + run * tile::kRunLength;
-  };
+  const int64_t count = mhc::kHcMult * args.hidden;
+  // The slice: chunks of the flattened row [4 * hidden].
+  const ChunkSlice slice = chunk_slice(count / tile::kChunk, args.k_splits);
+  const int64_t steps = slice.end - slice.first;
+  const auto k_of = [&](int64_t step) { return (slice.first + step) * tile::kChunk; };
   const int64_t warp_token =
       static_cast<int64_t>(blockIdx.x) * dots_block_tokens(kDotsTilesPerWarp) + warp * kDotsTilesPerWarp * tile::kRows;
 
-  int64_t tokens[kDotsTilesPerWarp][tile::kRowsPerLane];
+  const uint16_t* rows[kDotsTilesPerWarp][tile::kRowsPerLane];
   bool valid[kDotsTilesPerWarp][tile::kRowsPerLane];
   float acc[kDotsTilesPerWarp][Chunk::kColTiles][tile::kAccumulators];
   SquareTiles squares[kDotsTilesPerWarp];
-  // Fused: the block's tokens' post weights [4] and comb [4][4], in shared memory (registers are short).
-  constexpr int kBlockTokens = dots_block_tokens(kDotsTilesPerWarp);
-  constexpr int kWeights = kStreams + kStreams * kStreams;
-  __shared__ float post_weights[kFusedPost ? kBlockTokens : 1][kWeights];
-  if constexpr (kFusedPost) {
-    const int64_t block_token = static_cast<int64_t>(blockIdx.x) * kBlockTokens;
-    for (int w = threadIdx.x; w < kBlockTokens * kWeights; w += kBlockThreads) {
-      const int64_t token = block_token + w / kWeights;
-      const int e = w % kWeights;
-      float weight = 0.0f;
-      if (token < args.tokens) {
-        weight = e < kStreams ? post.post_mix[token * kStreams + e] : post.comb_mix[token * kStreams * kStreams + e - kStreams];
-      }
-      post_weights[w / kWeights][e] = weight;
-    }
-  }
 #pragma unroll
   for (int m = 0; m < kDotsTilesPerWarp; ++m) {
 #pragma unroll
     for (int i = 0; i < tile::kRowsPerLane; ++i) {
       const int64_t token = warp_token + m * tile::kRows + tile::a_row(lane, i);
       valid[m][i] = token < args.tokens;
-      tokens[m][i] = valid[m][i] ? token : 0;
+      rows[m][i] = args.residual + (valid[m][i] ? token : 0) * count + run * tile::kRunLength;
     }
 #pragma unroll
     for (int c = 0; c < Chunk::kColTiles; ++c) {
@@ -349,7 +264,7 @@ __global__ void __launch_bounds__(kDotsWarps * kWarpSize)
     }
   }
 
-  // A thread's share of one chunk of fn: 16-byte pieces of its split image, or float4s of fn to split.
+  // A thread's share of one chunk: 16-byte pieces of its split image, or float4s of fn to split.
   constexpr int kPieces = kPresplit ? Chunk::kUint4s : Chunk::kVectors;
   constexpr int kStaged = (kPieces + kBlockThreads - 1) / kBlockThreads;
   uint4 staged[kStaged];
@@ -359,9 +274,25 @@ __global__ void __launch_bounds__(kDotsWarps * kWarpSize)
       const int f = threadIdx.x + s * kBlockThreads;
       if (f < kPieces) {
         if constexpr (kPresplit) {
-          staged[s] = reinterpret_cast<const uint4*>(split_fn + first_chunk + step)[f];
+          staged[s] = reinterpret_cast<const uint4*>(split_fn + slice.first + step)[f];
         } else {
-          staged[s] = float4_bits(Chunk::template load<kFusedPost>(args.fn, args.hidden, first_chunk + step, f));
+          staged[s] = float4_bits(Chunk::load(args.fn, count, k_of(step), f));
+        }
+      }
+    }
+  };
+  using Runs = uint4[kDotsTilesPerWarp][tile::kRowsPerLane][2];
+  const auto load_a = [&](int64_t k0, Runs& a_runs) {
+#pragma unroll
+    for (int m = 0; m < kDotsTilesPerWarp; ++m) {
+#pragma unroll
+      for (int i = 0; i < tile::kRowsPerLane; ++i) {
+        if (valid[m][i]) {
+          const uint4* src = reinterpret_cast<const uint4*>(rows[m][i] + k0);
+          a_runs[m][i][0] = src[0];
+          a_runs[m][i][1] = src[1];
+        } else {
+          a_runs[m][i][0] = a_runs[m][i][1] = make_uint4(0u, 0u, 0u, 0u);
         }
       }
     }
@@ -379,136 +310,37 @@ __global__ void __launch_bounds__(kDotsWarps * kWarpSize)
       }
     }
   };
-  const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
-  // A run of row (m, i) from stream `stream` of a bf16 [tokens, 4, hidden] tensor.
-  // A run of row (m, i) at flattened offset k of a bf16 [tokens, 4, hidden] tensor (zeros past the tokens).
-  const auto load_run = [&](const uint16_t* streams, int m, int i, int64_t k, Run& out) {
-    if (valid[m][i]) {
-      const uint4* src = reinterpret_cast<const uint4*>(streams + tokens[m][i] * count + k);
-      out[0] = src[0];
-      out[1] = src[1];
-    } else {
-      out[0] = out[1] = zero;
-    }
-  };
-  // Plain: a ring of each row's runs for the next kPrefetch chunks. Fused: each row's inputs for the next
-  // dim block, and the runs of the current one.
-  using Ring = Run[kDotsTilesPerWarp][tile::kRowsPerLane][kPrefetch];
-  using PostLoads = PostRun[kDotsTilesPerWarp][tile::kRowsPerLane];
-  using BlockRuns = Run[kDotsTilesPerWarp][tile::kRowsPerLane][kStreams];
-  std::conditional_t<kFusedPost, PostLoads, Ring> loads;
-  [[maybe_unused]] BlockRuns block_runs;
-  // Fused: stream `stream` (and with stream 0, x) of the inputs of the dim block of chunk `step`. Loaded a
-  // stream per chunk, while the runs of the current dim block free up a stream per chunk.
-  const auto load_post = [&](int64_t step, int stream) {
-    if constexpr (kFusedPost) {
-      if (step >= steps) return;
-      const int64_t dims = dims_of(step);
-#pragma unroll
-      for (int m = 0; m < kDotsTilesPerWarp; ++m) {
-#pragma unroll
-        for (int i = 0; i < tile::kRowsPerLane; ++i) {
-          PostRun& in = loads[m][i];
-          if (stream == 0) {
-            if (valid[m][i]) {
-              const uint4* x = reinterpret_cast<const uint4*>(post.x + tokens[m][i] * args.hidden + dims);
-              in.x[0] = x[0];
-              in.x[1] = x[1];
-            } else {
-              in.x[0] = in.x[1] = zero;
-            }
-          }
-          load_run(post.residual, m, i, stream * args.hidden + dims, in.streams[stream]);
-        }
-      }
-    }
-  };
-  const auto load_ring = [&](int64_t step, int slot) {  // plain: chunk `step` into ring slot step % kPrefetch
-    if constexpr (!kFusedPost) {
-      if (step >= steps) return;
-#pragma unroll
-      for (int m = 0; m < kDotsTilesPerWarp; ++m) {
-#pragma unroll
-        for (int i = 0; i < tile::kRowsPerLane; ++i) {
-          load_run(args.residual, m, i, chunk_offset<false>(first_chunk + step, args.hidden) + run * tile::kRunLength,
-                   loads[m][i][slot]);
-        }
-      }
-    }
-  };
-
+  // Pipeline: while a chunk is multiplied (fn from one shared buffer), the next chunk's stream values and
+  // fn values load into registers, and the fn values then go to the other buffer: one barrier per chunk.
+  Runs next_runs;
   if (steps > 0) {
     stage(0);
-    if constexpr (kFusedPost) {
-#pragma unroll
-      for (int j = 0; j < kStreams; ++j) load_post(0, j);
-    } else {
-#pragma unroll
-      for (int s = 0; s < kPrefetch; ++s) load_ring(s, s);
-    }
+    load_a(k_of(0), next_runs);
     store_staged(fn_chunks[0]);
     __syncthreads();
   }
-  // One dim block per iteration, its 4 chunks unrolled (ring slots and shared buffers are then static).
-  for (int64_t block_step = 0; block_step < steps; block_step += kStreams) {
-    if constexpr (kFusedPost) {
+  for (int64_t step = 0; step < steps; ++step) {
+    Runs a_runs;
 #pragma unroll
-      for (int m = 0; m < kDotsTilesPerWarp; ++m) {
+    for (int m = 0; m < kDotsTilesPerWarp; ++m) {
 #pragma unroll
-        for (int i = 0; i < tile::kRowsPerLane; ++i) {
-          const float* weights = post_weights[m * tile::kRows + warp * kDotsTilesPerWarp * tile::kRows + tile::a_row(lane, i)];
-          float post_mix[kStreams];
-          float comb_mix[kStreams][kStreams];
-#pragma unroll
-          for (int j = 0; j < kStreams; ++j) {
-            post_mix[j] = weights[j];
-#pragma unroll
-            for (int r = 0; r < kStreams; ++r) comb_mix[r][j] = weights[kStreams + r * kStreams + j];
-          }
-          post_runs(loads[m][i], post_mix, comb_mix, block_runs[m][i]);
-          if (valid[m][i]) {
-#pragma unroll
-            for (int j = 0; j < kStreams; ++j) {
-              uint4* out = reinterpret_cast<uint4*>(post.out + tokens[m][i] * count + j * args.hidden + dims_of(block_step));
-              out[0] = block_runs[m][i][j][0];
-              out[1] = block_runs[m][i][j][1];
-            }
-          } else {
-#pragma unroll
-            for (int j = 0; j < kStreams; ++j) block_runs[m][i][j][0] = block_runs[m][i][j][1] = zero;
-          }
-        }
+      for (int i = 0; i < tile::kRowsPerLane; ++i) {
+        a_runs[m][i][0] = next_runs[m][i][0];
+        a_runs[m][i][1] = next_runs[m][i][1];
       }
     }
-#pragma unroll
-    for (int s = 0; s < kStreams; ++s) {
-      const int64_t step = block_step + s;
-      uint4 a_runs[kDotsTilesPerWarp][tile::kRowsPerLane][2];
-#pragma unroll
-      for (int m = 0; m < kDotsTilesPerWarp; ++m) {
-#pragma unroll
-        for (int i = 0; i < tile::kRowsPerLane; ++i) {
-          if constexpr (kFusedPost) {
-            a_runs[m][i][0] = block_runs[m][i][s][0];
-            a_runs[m][i][1] = block_runs[m][i][s][1];
-          } else {
-            a_runs[m][i][0] = loads[m][i][s % kPrefetch][0];
-            a_runs[m][i][1] = loads[m][i][s % kPrefetch][1];
-          }
-        }
-      }
-      load_ring(step + kPrefetch, s % kPrefetch);  // (block_step is a multiple of kPrefetch)
-      load_post(block_step + kStreams, s);
-      const bool more = step + 1 < steps;
-      if (more) stage(step + 1);
-#pragma unroll
-      for (int m = 0; m < kDotsTilesPerWarp; ++m) {
-        accumulate_chunk<kMixes>(acc[m], squares[m], a_runs[m], fn_chunks[s % 2], lane);
-      }
-      // The other buffer was last read in the previous step, before the barrier that ended it.
-      if (more) store_staged(fn_chunks[(s + 1) % 2]);
-      __syncthreads();
+    const bool more = step + 1 < steps;
+    if (more) {
+      stage(step + 1);
+      load_a(k_of(step + 1), next_runs);
     }
+#pragma unroll
+    for (int m = 0; m < kDotsTilesPerWarp; ++m) {
+      accumulate_chunk<kMixes>(acc[m], squares[m], a_runs[m], fn_chunks[step % 2], lane);
+    }
+    // The other buffer was last read in the previous step, before the barrier that ended it.
+    if (more) store_staged(fn_chunks[(step + 1) % 2]);
+    __syncthreads();
   }
 #pragma unroll
   for (int m = 0; m < kDotsTilesPerWarp; ++m) {
@@ -516,24 +348,32 @@ __global__ void __launch_bounds__(kDotsWarps * kWarpSize)
   }
 }
 
-// kLanes lanes per token (16 or 1): lane l adds the token's k slices l, l + kLanes, ... (then a butterfly:
-// a fixed order); every lane of the group then runs the epilogue of dsv4/mhc.h, the CPU path's own code,
-// and writes its share of the results: the pre weights (to the workspace, for the collapse), the post
-// weights and comb. Sixteen lanes load a decode step's many slices together; one lane per token issues a
-// sixteenth of the instructions when tokens are many.
-template <int kMixes, int kLanes>
+// sums[index] for a runtime index, without dynamic indexing (which would move sums to local memory).
+template <int kCount>
+DSV4_DEVICE float select(const float (&values)[kCount], int index) {
+  float chosen = 0.0f;
+#pragma unroll
+  for (int i = 0; i < kCount; ++i) chosen = i == index ? values[i] : chosen;
+  return chosen;
+}
+
+// A 16-lane group per token: the partial sums of the k slices (lane l adds slices l, l + 16, ..., then a
+// butterfly: a fixed order), then the epilogue of dsv4/mhc.h spread over lanes: lane e holds comb value e
+// (row e / 4, column e % 4) through the Sinkhorn steps, whose row and column sums are butterflies in the
+// pairwise order of mhc::sum4, so the result equals the one-thread form; lanes 0-3 write the pre weights
+// (to the workspace, for the collapse) and lanes 4-7 the post weights.
+template <int kMixes>
 __global__ void __launch_bounds__(kEpilogueThreads) mhc_epilogue_kernel(MhcPreArgs args, float* pre_weights) {
   constexpr int kStreams = mhc::kHcMult;
-  constexpr int kTokens = kEpilogueThreads / kLanes;
-  const int group_lane = threadIdx.x % kLanes;
-  const int64_t token = static_cast<int64_t>(blockIdx.x) * kTokens + threadIdx.x / kLanes;
+  const int group_lane = threadIdx.x % kEpilogueLanes;
+  const int64_t token = static_cast<int64_t>(blockIdx.x) * kEpilogueTokens + threadIdx.x / kEpilogueLanes;
   if (token >= args.tokens) return;  // the whole group: all its lanes share the token
   constexpr int kStride = partial_stride(kMixes);
   float sums[kStride];  // the mixes, the sum of squares, then padding (never written, never used)
 #pragma unroll
   for (int m = 0; m < kStride; ++m) sums[m] = 0.0f;
 #pragma unroll 4
-  for (int s = group_lane; s < args.k_splits; s += kLanes) {
+  for (int s = group_lane; s < args.k_splits; s += kEpilogueLanes) {
     const float4* partial = reinterpret_cast<const float4*>(args.partials + (token * args.k_splits + s) * kStride);
 #pragma unroll
     for (int v = 0; v < kStride / 4; ++v) {
@@ -547,29 +387,40 @@ __global__ void __launch_bounds__(kEpilogueThreads) mhc_epilogue_kernel(MhcPreAr
 #pragma unroll
   for (int m = 0; m <= kMixes; ++m) {
 #pragma unroll
-    for (int mask = kLanes / 2; mask >= 1; mask >>= 1) sums[m] += shuffle_xor(sums[m], mask, kLanes);
+    for (int mask = kEpilogueLanes / 2; mask >= 1; mask >>= 1) sums[m] += shuffle_xor(sums[m], mask, kEpilogueLanes);
   }
-  // Value e of each output is written by lane e % kLanes.
-  const auto mine = [&](int e) { return e % kLanes == group_lane; };
-  float pre[kStreams];
+  const float r = mhc::rms_factor(sums[kMixes], kStreams * args.hidden, args.config.rms_eps);
+  if (group_lane < kStreams) {
+    pre_weights[token * kStreams + group_lane] =
+        mhc::pre_weight(select(sums, group_lane), r, args.scale, args.base[group_lane], args.config);
+  }
   if constexpr (kMixes == mhc::kPreMixes) {
-    float post[kStreams];
-    float comb[kStreams * kStreams];
-    mhc::pre_epilogue(sums, sums[kMixes], kStreams * args.hidden, args.scale, args.base, args.config, pre, post, comb);
-#pragma unroll
-    for (int e = 0; e < kStreams * kStreams; ++e) {
-      if (mine(e)) args.comb_mix[token * kStreams * kStreams + e] = comb[e];
+    if (group_lane >= kStreams && group_lane < 2 * kStreams) {
+      args.post_mix[token * kStreams + group_lane - kStreams] =
+          mhc::post_weight(select(sums, group_lane), r, args.scale, args.base[group_lane], args.config);
     }
-#pragma unroll
-    for (int e = 0; e < kStreams; ++e) {
-      if (mine(e)) args.post_mix[token * kStreams + e] = post[e];
+    constexpr int kComb = kStreams * kStreams;
+    static_assert(kComb == kEpilogueLanes, "one lane per comb value");
+    const int e = group_lane;
+    const float eps = args.config.sinkhorn_eps;
+    const float logit = mhc::comb_logit(select(sums, 2 * kStreams + e), r, args.scale, args.base[2 * kStreams + e]);
+    float row_max = fmaxf(logit, shuffle_xor(logit, 1, kComb));
+    row_max = fmaxf(row_max, shuffle_xor(row_max, 2, kComb));
+    const float exponential = expf(logit - row_max);
+    float row_sum = exponential + shuffle_xor(exponential, 1, kComb);
+    row_sum = row_sum + shuffle_xor(row_sum, 2, kComb);
+    float c = exponential * mhc::reciprocal(row_sum) + eps;
+    const auto normalize = [&](int first_mask) {  // 1: rows, 4: columns
+      float sum = c + shuffle_xor(c, first_mask, kComb);
+      sum = sum + shuffle_xor(sum, 2 * first_mask, kComb);
+      c = c * mhc::reciprocal(sum + eps);
+    };
+    normalize(4);
+    for (int pair = 1; pair < args.config.sinkhorn_iters; ++pair) {
+      normalize(1);
+      normalize(4);
     }
-  } else {
-    mhc::head_epilogue(sums, sums[kMixes], kStreams * args.hidden, args.scale, args.base, args.config, pre);
-  }
-#pragma unroll
-  for (int e = 0; e < kStreams; ++e) {
-    if (mine(e)) pre_weights[token * kStreams + e] = pre[e];
+    args.comb_mix[token * kComb + e] = c;
   }
 }
 
@@ -681,14 +532,13 @@ __global__ void __launch_bounds__(kThreads) mhc_post_kernel(MhcPostArgs args) {
     uint16_t* out = args.out + token * kStreams * args.hidden + 8 * v;
 #pragma unroll
     for (int j_stream = 0; j_stream < kStreams; ++j_stream) {
-      float comb_column[kStreams];
-#pragma unroll
-      for (int i = 0; i < kStreams; ++i) comb_column[i] = comb[i * kStreams + j_stream];
       float values[8];
 #pragma unroll
       for (int d = 0; d < 8; ++d) {
-        const float at_d[kStreams] = {streams[0][d], streams[1][d], streams[2][d], streams[3][d]};
-        values[d] = mhc::post_value(post[j_stream], x[d], comb_column, at_d);
+        float value = post[j_stream] * x[d];
+#pragma unroll
+        for (int i = 0; i < kStreams; ++i) value += comb[i * kStreams + j_stream] * streams[i][d];
+        values[d] = value;
       }
       *reinterpret_cast<uint4*>(out + j_stream * args.hidden) = pack_bf16x8(values);
     }
@@ -726,56 +576,35 @@ PreWorkspaceLayout pre_workspace_layout(int64_t tokens, int64_t hidden, int mixe
   return layout;
 }
 
-// The dot products (after splitting fn, where that pays), the epilogue, then the collapse. With `post`
-// (fused post+pre, mixes 24 only), the dot products form post's new residual first (args.residual is its
-// output).
+// The dot products (after splitting fn, where that pays), the epilogue, then the collapse.
 template <int kMixes>
-void launch_pre_kernels(const MhcPreArgs& args, const MhcPostArgs* post, hipStream_t stream) {
+void launch_pre_kernels(const MhcPreArgs& args, hipStream_t stream) {
   const PreWorkspaceLayout layout = pre_workspace_layout(args.tokens, args.hidden, kMixes);
+  const int64_t count = mhc::kHcMult * args.hidden;
   const dim3 dots_grid(static_cast<unsigned>(token_blocks(args.tokens)), static_cast<unsigned>(args.k_splits));
   const dim3 dots_block(kDotsWarps * kHostWarpSize);
-  const bool presplit = presplit_fn(args.tokens);
-  FnChunk<kMixes>* split_fn = nullptr;
-  if (presplit) {
-    split_fn = reinterpret_cast<FnChunk<kMixes>*>(args.partials + layout.split_fn);
+  if (presplit_fn(args.tokens)) {
+    auto* split_fn = reinterpret_cast<FnChunk<kMixes>*>(args.partials + layout.split_fn);
     // A grid-stride loop: the vector count here need only be about right (FnChunk's tile width is a
     // device-pass constant).
-    const int64_t vectors = mhc::kHcMult * args.hidden / tile::kChunk * split_chunk_bytes_bound(kMixes) / (kSplitPlanes * 2 * 4);
-    if (post != nullptr) {
-      hipLaunchKernelGGL((mhc_split_fn_kernel<kMixes, true>), dim3(elementwise_blocks(vectors)), dim3(kThreads), 0,
-                         stream, args.fn, args.hidden, split_fn);
+    const int64_t vectors = count / tile::kChunk * split_chunk_bytes_bound(kMixes) / (kSplitPlanes * 2 * 4);
+    hipLaunchKernelGGL((mhc_split_fn_kernel<kMixes>), dim3(elementwise_blocks(vectors)), dim3(kThreads), 0, stream,
+                       args.fn, count, split_fn);
+    if (dots_tiles_per_warp(args.tokens) == 2) {
+      hipLaunchKernelGGL((mhc_dots_kernel<kMixes, true, 2>), dots_grid, dots_block, 0, stream, args,
+                         static_cast<const FnChunk<kMixes>*>(split_fn));
     } else {
-      hipLaunchKernelGGL((mhc_split_fn_kernel<kMixes, false>), dim3(elementwise_blocks(vectors)), dim3(kThreads), 0,
-                         stream, args.fn, args.hidden, split_fn);
+      hipLaunchKernelGGL((mhc_dots_kernel<kMixes, true, 1>), dots_grid, dots_block, 0, stream, args,
+                         static_cast<const FnChunk<kMixes>*>(split_fn));
     }
-  }
-  const auto dots = [&](auto kernel) {
-    hipLaunchKernelGGL(kernel, dots_grid, dots_block, 0, stream, args, static_cast<const FnChunk<kMixes>*>(split_fn),
-                       post != nullptr ? *post : MhcPostArgs{});
-  };
-  if (post != nullptr) {
-    if constexpr (kMixes == mhc::kPreMixes) {
-      // One tile per warp: the fused kernel's row loads take the registers a second tile would.
-      presplit ? dots(mhc_dots_kernel<kMixes, true, 1, true>) : dots(mhc_dots_kernel<kMixes, false, 1, true>);
-    }
-  } else if (!presplit) {
-    dots(mhc_dots_kernel<kMixes, false, 1, false>);
-  } else if (dots_tiles_per_warp(args.tokens) == 2) {
-    dots(mhc_dots_kernel<kMixes, true, 2, false>);
   } else {
-    dots(mhc_dots_kernel<kMixes, true, 1, false>);
+    hipLaunchKernelGGL((mhc_dots_kernel<kMixes, false, 1>), dots_grid, dots_block, 0, stream, args,
+                       static_cast<const FnChunk<kMixes>*>(nullptr));
   }
   float* pre_weights = args.partials + layout.pre_weights;
-  const auto epilogue = [&](auto kernel, int lanes) {
-    const int64_t tokens_per_block = kEpilogueThreads / lanes;
-    hipLaunchKernelGGL(kernel, dim3(static_cast<unsigned>((args.tokens + tokens_per_block - 1) / tokens_per_block)),
-                       dim3(kEpilogueThreads), 0, stream, args, pre_weights);
-  };
-  if (args.k_splits > kOneLaneMaxSplits) {
-    epilogue(mhc_epilogue_kernel<kMixes, kEpilogueLanes>, kEpilogueLanes);
-  } else {
-    epilogue(mhc_epilogue_kernel<kMixes, 1>, 1);
-  }
+  hipLaunchKernelGGL((mhc_epilogue_kernel<kMixes>),
+                     dim3(static_cast<unsigned>((args.tokens + kEpilogueTokens - 1) / kEpilogueTokens)),
+                     dim3(kEpilogueThreads), 0, stream, args, pre_weights);
   hipLaunchKernelGGL(mhc_collapse_kernel, dim3(static_cast<unsigned>(args.tokens)), dim3(kThreads), 0, stream, args,
                      static_cast<const float*>(pre_weights));
 }
@@ -789,11 +618,11 @@ bool valid_pre(const MhcPreArgs& args) {
 }  // namespace
 
 int mhc_pre_k_splits(int64_t tokens, int64_t hidden) {
-  // Slices are ranges of dim blocks (4 chunks each).
+  // Slices are ranges of 64-wide chunks of the flattened row.
   const int64_t blocks = token_blocks(tokens);
-  const int64_t dim_blocks = hidden / kDimBlock;
+  const int64_t chunks = mhc::kHcMult * hidden / tile::kChunk;
   int64_t splits = blocks >= kTargetBlocks ? 1 : (kTargetBlocks + blocks - 1) / blocks;
-  splits = splits < dim_blocks ? splits : dim_blocks;
+  splits = splits < chunks ? splits : chunks;
   // At most four slices per epilogue lane (loaded together): more serial loads there cost a decode step
   // more than the extra dots blocks would save.
   splits = splits < kMaxSplits ? splits : kMaxSplits;
@@ -809,18 +638,10 @@ LaunchStatus launch_mhc_pre(const MhcPreArgs& args, void* stream) {
   if (args.tokens == 0) return LaunchStatus::kOk;
   auto hip_stream = static_cast<hipStream_t>(stream);
   if (args.mixes == mhc::kPreMixes) {
-    launch_pre_kernels<mhc::kPreMixes>(args, nullptr, hip_stream);
+    launch_pre_kernels<mhc::kPreMixes>(args, hip_stream);
   } else {
-    launch_pre_kernels<mhc::kHeadMixes>(args, nullptr, hip_stream);
+    launch_pre_kernels<mhc::kHeadMixes>(args, hip_stream);
   }
-  return last_launch_status();
-}
-
-LaunchStatus launch_mhc_fused_post_pre(const MhcPostArgs& post, const MhcPreArgs& pre, void* stream) {
-  const bool matching = post.tokens == pre.tokens && post.hidden == pre.hidden && post.out == pre.residual;
-  if (!matching || !valid_pre(pre) || pre.mixes != mhc::kPreMixes) return LaunchStatus::kInvalidArgument;
-  if (pre.tokens == 0) return LaunchStatus::kOk;
-  launch_pre_kernels<mhc::kPreMixes>(pre, &post, static_cast<hipStream_t>(stream));
   return last_launch_status();
 }
 

@@ -46,9 +46,6 @@ int mhc_pre_k_splits(int64_t tokens, int64_t hidden);
 int64_t mhc_pre_workspace_floats(int64_t tokens, int64_t hidden, int mixes);
 LaunchStatus launch_mhc_pre(const MhcPreArgs& args, void* stream);
 LaunchStatus launch_mhc_post(const MhcPostArgs& args, void* stream);
-// mhc_post then mhc_pre on its output (pre.residual == post.out), with the new residual formed inside the
-// pre's dot products: one pass over the old residual. The results equal the two launches above bit for bit.
-LaunchStatus launch_mhc_fused_post_pre(const MhcPostArgs& post, const MhcPreArgs& pre, void* stream);
 
 }  // namespace gpu
 

@@ -39,7 +39,8 @@ DSV4_HD float reciprocal(float x) {
 #endif
 }
 
-// The sum of a row or column of 4, pairwise (the rounding order every path shares).
+// The sum of a row or column of 4: pairwise, so that 4 GPU lanes holding one value each reach the same
+// rounding with two butterfly steps (xor 1 then xor 2 of the lane index) as one thread does here.
 DSV4_HD float sum4(float a, float b, float c, float d) { return (a + b) + (c + d); }
 
 // Per-value formulas of spec §2 steps 2-4 (x = dot * r).
@@ -70,7 +71,8 @@ DSV4_UNROLL
 }
 
 // Row-major 4x4 logits (row j, column k) -> comb: softmax over k plus eps, a column normalization, then
-// (iters - 1) pairs of row and column normalizations. (The GPU epilogue kernel calls it too.)
+// (iters - 1) pairs of row and column normalizations. (The GPU kernels run the same steps on 16 lanes,
+// one value each.)
 DSV4_HD void sinkhorn(const float* logits, float eps, int iters, float* c) {
 DSV4_UNROLL
   for (int j = 0; j < kHcMult; ++j) {
@@ -111,16 +113,6 @@ DSV4_HD void head_epilogue(const float* dots, float sum_of_squares, int64_t coun
                            const float* base, const PreConfig& config, float* pre) {
   const float r = rms_factor(sum_of_squares, count, config.rms_eps);
   for (int i = 0; i < kHcMult; ++i) pre[i] = pre_weight(dots[i], r, scale, base[i], config);
-}
-
-// spec §3 post, one value of stream j: post_j * x + sum_i comb[i][j] * stream_i, accumulated in this order
-// (comb_column[i] = comb[i][j]). Every post kernel goes through it, so the GPU's post and fused post+pre
-// kernels round alike.
-DSV4_HD float post_value(float post_j, float x, const float* comb_column, const float* streams) {
-  float value = post_j * x;
-DSV4_UNROLL
-  for (int i = 0; i < kHcMult; ++i) value += comb_column[i] * streams[i];
-  return value;
 }
 
 }  // namespace dsv4::mhc
