@@ -146,7 +146,7 @@ def test_post_matches_reference(device, t, hidden, post_shape):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("t,hidden", [(1, 4096), (33, 7168)])
+@pytest.mark.parametrize("t,hidden", [(1, 4096), (33, 7168), (2100, 4096)])
 def test_fused_post_pre_is_post_then_pre(device, t, hidden):
     residual = streams(t, hidden, seed=10)
     x = torch.randn(t, hidden, generator=torch.Generator().manual_seed(11)).to(torch.bfloat16)
@@ -173,7 +173,7 @@ def test_fused_post_pre_is_post_then_pre(device, t, hidden):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("t,hidden", [(1, 4096), (7, 7168), (100, 4096), (128, 4096)])
+@pytest.mark.parametrize("t,hidden", [(1, 4096), (7, 7168), (100, 4096), (128, 4096), (2100, 4096)])
 def test_hc_head_matches_reference(device, t, hidden):
     residual = streams(t, hidden, seed=14)
     fn, scale, base = params(hidden, mixes=4, scales=1, seed=15, strength=10.0)

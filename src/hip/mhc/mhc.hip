@@ -41,9 +41,11 @@ DSV4_HD constexpr int64_t split_chunk_bytes_bound(int mixes) {
   return int64_t{(mixes + 15) / 16 * 16} * kSplitPlanes * tile::kChunk * 2;
 }
 constexpr int kEpilogueThreads = 128;
-constexpr int kEpilogueLanes = 16;  // lanes per token in the epilogue: one per comb value
-constexpr int kMaxSplits = 4 * kEpilogueLanes;
-constexpr int kEpilogueTokens = kEpilogueThreads / kEpilogueLanes;  // tokens per epilogue block
+// Lanes per token in the epilogue: 16 (one per comb value), or 32 (two loading lanes per comb value) for
+// a token with more than kWideEpilogueMinSplits k slices, whose loads then take half the rounds.
+constexpr int kCombLanes = 16;
+constexpr int kWideEpilogueMinSplits = 33;
+constexpr int kMaxSplits = 128;
 
 DSV4_DEVICE float half_group_sum(float value) {
 #pragma unroll
@@ -357,23 +359,25 @@ DSV4_DEVICE float select(const float (&values)[kCount], int index) {
   return chosen;
 }
 
-// A 16-lane group per token: the partial sums of the k slices (lane l adds slices l, l + 16, ..., then a
-// butterfly: a fixed order), then the epilogue of dsv4/mhc.h spread over lanes: lane e holds comb value e
-// (row e / 4, column e % 4) through the Sinkhorn steps, whose row and column sums are butterflies in the
-// pairwise order of mhc::sum4, so the result equals the one-thread form; lanes 0-3 write the pre weights
-// (to the workspace, for the collapse) and lanes 4-7 the post weights.
-template <int kMixes>
+// A group of kLanes lanes per token: the partial sums of the k slices (lane l adds slices l, l + kLanes,
+// ..., then a butterfly: a fixed order), then the epilogue of dsv4/mhc.h spread over lanes: lane e < 16
+// holds comb value e (row e / 4, column e % 4) through the Sinkhorn steps (lanes 16-31 of a 32-lane group
+// repeat them), whose row and column sums are butterflies in the pairwise order of mhc::sum4, so the
+// result equals the one-thread form; lanes 0-3 write the pre weights (to the workspace, for the collapse)
+// and lanes 4-7 the post weights.
+template <int kMixes, int kLanes>
 __global__ void __launch_bounds__(kEpilogueThreads) mhc_epilogue_kernel(MhcPreArgs args, float* pre_weights) {
+  static_assert(kLanes == kCombLanes || kLanes == 2 * kCombLanes, "16 or 32 lanes per token");
   constexpr int kStreams = mhc::kHcMult;
-  const int group_lane = threadIdx.x % kEpilogueLanes;
-  const int64_t token = static_cast<int64_t>(blockIdx.x) * kEpilogueTokens + threadIdx.x / kEpilogueLanes;
+  const int group_lane = threadIdx.x % kLanes;
+  const int64_t token = static_cast<int64_t>(blockIdx.x) * (kEpilogueThreads / kLanes) + threadIdx.x / kLanes;
   if (token >= args.tokens) return;  // the whole group: all its lanes share the token
   constexpr int kStride = partial_stride(kMixes);
   float sums[kStride];  // the mixes, the sum of squares, then padding (never written, never used)
 #pragma unroll
   for (int m = 0; m < kStride; ++m) sums[m] = 0.0f;
 #pragma unroll 4
-  for (int s = group_lane; s < args.k_splits; s += kEpilogueLanes) {
+  for (int s = group_lane; s < args.k_splits; s += kLanes) {
     const float4* partial = reinterpret_cast<const float4*>(args.partials + (token * args.k_splits + s) * kStride);
 #pragma unroll
     for (int v = 0; v < kStride / 4; ++v) {
@@ -387,7 +391,7 @@ __global__ void __launch_bounds__(kEpilogueThreads) mhc_epilogue_kernel(MhcPreAr
 #pragma unroll
   for (int m = 0; m <= kMixes; ++m) {
 #pragma unroll
-    for (int mask = kEpilogueLanes / 2; mask >= 1; mask >>= 1) sums[m] += shuffle_xor(sums[m], mask, kEpilogueLanes);
+    for (int mask = kLanes / 2; mask >= 1; mask >>= 1) sums[m] += shuffle_xor(sums[m], mask, kLanes);
   }
   const float r = mhc::rms_factor(sums[kMixes], kStreams * args.hidden, args.config.rms_eps);
   if (group_lane < kStreams) {
@@ -400,8 +404,8 @@ __global__ void __launch_bounds__(kEpilogueThreads) mhc_epilogue_kernel(MhcPreAr
           mhc::post_weight(select(sums, group_lane), r, args.scale, args.base[group_lane], args.config);
     }
     constexpr int kComb = kStreams * kStreams;
-    static_assert(kComb == kEpilogueLanes, "one lane per comb value");
-    const int e = group_lane;
+    static_assert(kComb == kCombLanes, "one lane per comb value");
+    const int e = group_lane % kComb;
     const float eps = args.config.sinkhorn_eps;
     const float logit = mhc::comb_logit(select(sums, 2 * kStreams + e), r, args.scale, args.base[2 * kStreams + e]);
     float row_max = fmaxf(logit, shuffle_xor(logit, 1, kComb));
@@ -420,7 +424,7 @@ __global__ void __launch_bounds__(kEpilogueThreads) mhc_epilogue_kernel(MhcPreAr
       normalize(1);
       normalize(4);
     }
-    args.comb_mix[token * kComb + e] = c;
+    if (group_lane < kComb) args.comb_mix[token * kComb + e] = c;
   }
 }
 
@@ -602,9 +606,16 @@ void launch_pre_kernels(const MhcPreArgs& args, hipStream_t stream) {
                        static_cast<const FnChunk<kMixes>*>(nullptr));
   }
   float* pre_weights = args.partials + layout.pre_weights;
-  hipLaunchKernelGGL((mhc_epilogue_kernel<kMixes>),
-                     dim3(static_cast<unsigned>((args.tokens + kEpilogueTokens - 1) / kEpilogueTokens)),
-                     dim3(kEpilogueThreads), 0, stream, args, pre_weights);
+  const auto epilogue = [&](auto kernel, int lanes) {
+    const int64_t tokens_per_block = kEpilogueThreads / lanes;
+    hipLaunchKernelGGL(kernel, dim3(static_cast<unsigned>((args.tokens + tokens_per_block - 1) / tokens_per_block)),
+                       dim3(kEpilogueThreads), 0, stream, args, pre_weights);
+  };
+  if (args.k_splits >= kWideEpilogueMinSplits) {
+    epilogue(mhc_epilogue_kernel<kMixes, 2 * kCombLanes>, 2 * kCombLanes);
+  } else {
+    epilogue(mhc_epilogue_kernel<kMixes, kCombLanes>, kCombLanes);
+  }
   hipLaunchKernelGGL(mhc_collapse_kernel, dim3(static_cast<unsigned>(args.tokens)), dim3(kThreads), 0, stream, args,
                      static_cast<const float*>(pre_weights));
 }
@@ -623,8 +634,8 @@ int mhc_pre_k_splits(int64_t tokens, int64_t hidden) {
   const int64_t chunks = mhc::kHcMult * hidden / tile::kChunk;
   int64_t splits = blocks >= kTargetBlocks ? 1 : (kTargetBlocks + blocks - 1) / blocks;
   splits = splits < chunks ? splits : chunks;
-  // At most four slices per epilogue lane (loaded together): more serial loads there cost a decode step
-  // more than the extra dots blocks would save.
+  // At most four slices per epilogue lane (loaded together): more serial loads there would cost a decode
+  // step more than the extra dots blocks save.
   splits = splits < kMaxSplits ? splits : kMaxSplits;
   return static_cast<int>(splits < 1 ? 1 : splits);
 }
