@@ -41,8 +41,8 @@ DSV4_HD constexpr int64_t split_chunk_bytes_bound(int mixes) {
   return int64_t{(mixes + 15) / 16 * 16} * kSplitPlanes * tile::kChunk * 2;
 }
 constexpr int kEpilogueThreads = 128;
-// Lanes per token in the epilogue: 16 (one per comb value), or 32 (two loading lanes per comb value) for
-// a token with more than kWideEpilogueMinSplits k slices, whose loads then take half the rounds.
+// Lanes per token in the epilogue: 16 (one per comb value), or 32 (two loading lanes per comb value) from
+// kWideEpilogueMinSplits k slices on (decode), whose loads then take half the rounds.
 constexpr int kCombLanes = 16;
 constexpr int kWideEpilogueMinSplits = 33;
 constexpr int kMaxSplits = 128;
@@ -52,7 +52,6 @@ DSV4_DEVICE float half_group_sum(float value) {
   for (int mask = kHalfLanes / 2; mask >= 1; mask >>= 1) value += shuffle_xor(value, mask, kHalfLanes);
   return value;
 }
-
 
 // 4 consecutive fp32 values split into three bf16 planes (hi, mid, lo), each packed as 4 bf16.
 DSV4_DEVICE void split_planes(const float4& v, uint2 (&planes)[kSplitPlanes]) {

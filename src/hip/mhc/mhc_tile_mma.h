@@ -28,8 +28,6 @@ DSV4_DEVICE int b_col(int lane) { return lane % 16; }
 DSV4_DEVICE int run_of(int lane) { return lane / 16; }
 DSV4_DEVICE int d_row(int lane, int e) { return 4 * (lane / 16) + e; }
 DSV4_DEVICE int d_col(int lane, int /*e*/) { return lane % 16; }
-// Lanes sharing a row of A: xor masks that reach the other runs of the row.
-inline constexpr int kRunLaneMask0 = 16, kRunLaneMask1 = 32;
 #else
 // NVIDIA mma.sync m16n8k16: lane l holds rows l / 4 and l / 4 + 8 of A, column l / 4 of B, and run
 // l % 4.
@@ -40,7 +38,6 @@ DSV4_DEVICE int b_col(int lane) { return (lane % 32) / 4; }
 DSV4_DEVICE int run_of(int lane) { return lane % 4; }
 DSV4_DEVICE int d_row(int lane, int e) { return (lane % 32) / 4 + 8 * (e / 2); }
 DSV4_DEVICE int d_col(int lane, int e) { return 2 * (lane % 4) + e % 2; }
-inline constexpr int kRunLaneMask0 = 1, kRunLaneMask1 = 2;
 #endif
 inline constexpr int kAccumulators = 4;  // fp32 accumulator values per lane and column tile
 
