@@ -78,10 +78,13 @@ def to(device, *tensors):
 
 
 SIZES = [pytest.param(t, h, id=f"T{t}-H{h}") for h in (4096, 7168) for t in (1, 7, 100, 128, 4096)]
+# Token counts at the GPU kernels' switches (src/hip/mhc/mhc.hip): fn split once by its own kernel from 193
+# tokens, 32 epilogue lanes per token from 33 k slices (1000 tokens), two tiles per warp from 2048 tokens.
+KERNEL_SWITCH_SIZES = [pytest.param(t, h, id=f"T{t}-H{h}") for t, h in ((193, 4096), (1000, 7168), (2048, 4096))]
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("t,hidden", SIZES)
+@pytest.mark.parametrize("t,hidden", SIZES + KERNEL_SWITCH_SIZES)
 @pytest.mark.parametrize("post_mult", [1.0, 2.0])
 @pytest.mark.parametrize("strength", [1.0, 10.0])
 def test_pre_matches_reference(device, t, hidden, post_mult, strength):
@@ -173,7 +176,7 @@ def test_fused_post_pre_is_post_then_pre(device, t, hidden):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("t,hidden", [(1, 4096), (7, 7168), (100, 4096), (128, 4096), (2100, 4096)])
+@pytest.mark.parametrize("t,hidden", [(1, 4096), (7, 7168), (100, 4096), (128, 4096), (193, 7168), (2100, 4096)])
 def test_hc_head_matches_reference(device, t, hidden):
     residual = streams(t, hidden, seed=14)
     fn, scale, base = params(hidden, mixes=4, scales=1, seed=15, strength=10.0)

@@ -91,8 +91,8 @@ MhcPreArgs checked_pre(const Tensor& residual, const Tensor& fn, const Tensor& s
   return args;
 }
 
-// The GPU workspace of the pre kernels (partial sums and pre weights), sized and recorded in args; kept
-// alive by the caller until the kernels are enqueued.
+// The GPU workspace of the pre kernels (partial sums, pre weights, split fn), sized and recorded in args;
+// kept alive by the caller until the kernels are enqueued.
 std::optional<Tensor> pre_workspace(MhcPreArgs& args, const Tensor& residual) {
 #if defined(DSV4OPS_WITH_GPU)
   if (!residual.is_cpu() && args.tokens > 0) {

@@ -2,9 +2,9 @@
 // collapse), after a fourth that splits fn for many tokens; mhc_post as one streaming kernel. The
 // numerics of the epilogue are dsv4/mhc.h, shared with the CPU path.
 //
-// Dot products on the matrix units (mhc_tile_mma.h): a warp takes 16 tokens, a block 4 warps. fn is
-// fp32 and the units take bf16, so each 64-wide chunk of fn is split into three bf16 planes hi + mid + lo
-// that sum to it exactly; the products with the bf16 stream values are then exact and only the
+// Dot products on the matrix units (mhc_tile_mma.h): a warp takes one or two 16-token tiles, a block 4
+// warps. fn is fp32 and the units take bf16, so each 64-wide chunk of fn is split into three bf16 planes
+// hi + mid + lo that sum to it exactly; the products with the bf16 stream values are then exact and only the
 // accumulation rounds, as in an fp32 dot product. With a few token blocks each block splits its chunks
 // itself; with more, one small kernel splits fn once into the workspace and the blocks copy the planes
 // (the split is most of a block's instructions otherwise). The sums of squares are products on the
@@ -621,6 +621,7 @@ void launch_pre_kernels(const MhcPreArgs& args, hipStream_t stream) {
 
 bool valid_pre(const MhcPreArgs& args) {
   return args.tokens >= 0 && args.hidden > 0 && args.hidden % tile::kChunk == 0 &&
+         reinterpret_cast<uintptr_t>(args.partials) % 16 == 0 &&
          args.k_splits == mhc_pre_k_splits(args.tokens, args.hidden) &&
          (args.mixes == mhc::kPreMixes || args.mixes == mhc::kHeadMixes);
 }

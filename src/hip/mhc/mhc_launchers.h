@@ -20,8 +20,8 @@ struct MhcPreArgs {
   float* post_mix;    // fp32 [tokens, 4] (pre only)
   float* comb_mix;    // fp32 [tokens, 4, 4] (pre only)
   uint16_t* out;      // bf16 [tokens, hidden]
-  float* partials;    // GPU only: workspace of mhc_pre_workspace_floats() floats: the partial sums
-                      // [k_splits, tokens, mixes + 1], then the pre weights [tokens, 4]
+  float* partials;    // GPU only: workspace of mhc_pre_workspace_floats() floats, 16-byte aligned: the
+                      // partial sums, the pre weights and (for many tokens) fn split into bf16 planes
   int k_splits;       // GPU only: how many slices of 4 * hidden the dot products are split into
   int64_t tokens;
   int64_t hidden;
