@@ -601,6 +601,8 @@ void launch_pre_kernels(const MhcPreArgs& args, hipStream_t stream) {
                          static_cast<const FnChunk<kMixes>*>(split_fn));
     }
   } else {
+    // One tile per warp: two start past the presplit threshold, so token_blocks() counted one-tile blocks.
+    static_assert(kTwoTileMinTokens / dots_block_tokens(2) >= kPresplitMinTokenBlocks, "two tiles only presplit");
     hipLaunchKernelGGL((mhc_dots_kernel<kMixes, false, 1>), dots_grid, dots_block, 0, stream, args,
                        static_cast<const FnChunk<kMixes>*>(nullptr));
   }
