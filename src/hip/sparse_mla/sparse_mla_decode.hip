@@ -55,10 +55,12 @@ constexpr int kPieceDims = 8;
 constexpr int kHalfDims = kDim / 2;                                       // 256
 constexpr int kFirstRopeLane = (ds_mla::kNopeDim - kHalfDims) / kPieceDims;  // 24
 constexpr int kReduceThreads = kDim / 4;                                  // 128, 4 dims each
-constexpr int kMaxAutoSplits = 32;
+constexpr int kMaxSplits = 64;      // the launcher's limit (explicit or automatic)
+constexpr int kMaxAutoSplits = 64;  // 1152 keys a row: 36 one-tile splits
 constexpr int kKeysPerSplitMin = kTileKeys;  // automatic splits: at least one tile each
 
 static_assert(kTileKeys == 32 && kKeysPerPass * kPasses == kTileKeys, "tile shape");
+static_assert(kMaxSplits <= kReduceThreads, "the reduce reads one split's (m, l) per thread");
 
 #if DSV4_GPU_COMPILER
 
@@ -739,23 +741,36 @@ __global__ void DSV4_SPARSE_MLA_BOUNDS sparse_mla_partial_kernel(SparseMlaDecode
   }
 }
 
+// One block per (t, head). The splits' (m, l) are read once, in parallel, into shared memory; every
+// thread then folds them in split order (the same order and arithmetic as a serial loop) and sums its 4
+// dims of the splits' accumulators with several loads in flight: at T = 1 a serial chain of 36 global
+// loads per step would cost more than the partial kernel itself.
 __global__ void __launch_bounds__(kReduceThreads) sparse_mla_reduce_kernel(SparseMlaDecodeArgs args) {
+  __shared__ float split_m[kMaxSplits];
+  __shared__ float split_l[kMaxSplits];
   const int64_t t = blockIdx.x;
   const int64_t h = blockIdx.y;
   const int d0 = threadIdx.x * 4;
   const int splits = args.num_splits;
   const float* acc_in = args.partials;
   const float* ml_in = args.partials + args.tokens * splits * args.heads * kDim;
+  if (static_cast<int>(threadIdx.x) < splits) {
+    const int64_t row = (t * splits + threadIdx.x) * args.heads + h;
+    split_m[threadIdx.x] = ml_in[row * 2];
+    split_l[threadIdx.x] = ml_in[row * 2 + 1];
+  }
+  __syncthreads();
   float sink = args.sink != nullptr ? args.sink[h] : -INFINITY;
   sink = sink != sink ? -INFINITY : sink;
   float m_all = sink;
-  for (int s = 0; s < splits; ++s) m_all = fmaxf(m_all, ml_in[((t * splits + s) * args.heads + h) * 2]);
+  for (int s = 0; s < splits; ++s) m_all = fmaxf(m_all, split_m[s]);
   float denominator = expf(sink - m_all);
   float out[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll 8
   for (int s = 0; s < splits; ++s) {
     const int64_t row = (t * splits + s) * args.heads + h;
-    const float weight = expf(ml_in[row * 2] - m_all);
-    denominator += weight * ml_in[row * 2 + 1];
+    const float weight = expf(split_m[s] - m_all);
+    denominator += weight * split_l[s];
     const float4 a = *reinterpret_cast<const float4*>(acc_in + row * kDim + d0);
     out[0] += weight * a.x;
     out[1] += weight * a.y;
@@ -837,9 +852,17 @@ int sparse_mla_decode_num_splits(const SparseMlaDecodeArgs& args, int requested)
   const int64_t slots = 2 * static_cast<int64_t>(device_multiprocessors());
 #endif
   if (blocks >= slots) return 1;
-  // The split count with the least modelled time: waves of blocks times (a block's fixed cost, about
-  // 1.5 tiles: the first loads, Q, the partial write; plus its tiles); ties go to fewer splits (less
-  // partial traffic). The average keys per row stands in for every row's.
+  // The split count with the least modelled time: waves of blocks times (a block's fixed cost: the first
+  // loads, Q, the partial write; plus its tiles), plus for several splits the reduce and the fp32
+  // partials written and read back (one 2 KB row per token, head and split). The constants are H200
+  // timings at T = 1 (a tile of 32 keys about 3.3 us for a lone block; 36 splits of 128 heads lose
+  // 5 us to partial traffic against 18); ties go to fewer splits. The average keys per row stands in
+  // for every row's.
+  constexpr int64_t kBlockFixedNs = 5000;
+  constexpr int64_t kTileNs = 3300;
+  constexpr int64_t kReduceNs = 2000;
+  constexpr int64_t kPartialRowNs = 2;
+  const int64_t padded_heads = (args.heads + rows_per_block - 1) / rows_per_block * rows_per_block;
   const int64_t keys = args.main.index_count + (args.extra.bytes != nullptr ? args.extra.index_count : 0);
   const int64_t per_row = (keys + args.tokens - 1) / args.tokens;
   int64_t max_splits = (per_row + kKeysPerSplitMin - 1) / kKeysPerSplitMin;
@@ -849,7 +872,8 @@ int sparse_mla_decode_num_splits(const SparseMlaDecodeArgs& args, int requested)
   for (int64_t splits = 1; splits <= max_splits; ++splits) {
     const int64_t waves = (blocks * splits + slots - 1) / slots;
     const int64_t tiles = (per_row + splits * kTileKeys - 1) / (splits * kTileKeys);
-    const int64_t cost = waves * (3 + 2 * tiles);  // in half tiles
+    int64_t cost = waves * (kBlockFixedNs + kTileNs * tiles);
+    if (splits > 1) cost += kReduceNs + kPartialRowNs * args.tokens * padded_heads * splits;
     if (best_cost < 0 || cost < best_cost) {
       best = splits;
       best_cost = cost;
@@ -863,7 +887,7 @@ int64_t sparse_mla_workspace_floats(const SparseMlaDecodeArgs& args) {
 }
 
 LaunchStatus launch_sparse_mla_decode(const SparseMlaDecodeArgs& args, void* stream) {
-  if (args.tokens < 0 || args.heads <= 0 || args.num_splits < 1 || args.num_splits > 64 ||
+  if (args.tokens < 0 || args.heads <= 0 || args.num_splits < 1 || args.num_splits > kMaxSplits ||
       args.tokens > 0x7fffffff || args.heads > 65535 || (args.num_splits > 1 && args.partials == nullptr)) {
     return LaunchStatus::kInvalidArgument;
   }
