@@ -189,6 +189,31 @@ def test_poisoned_records(device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+def test_huge_block_scales(device):
+    """Scale bytes above 240, where a key value times its block scale can overflow: values that overflow
+    read as 0, the finite ones (up to ~2^127) keep their size. Slot 5's block 2 (scale 2^123) holds both
+    kinds; slot 6's block 5 (scale 2^114) only finite ones. q is zero on those dims, so the scores stay
+    finite and the huge values reach the output through V alone."""
+    main_cache = written_cache(128, 64, Fp8Format.OCP, seed=18)
+    clean = main_cache.clone()
+    for record, block, scale_byte in ((5, 2, 250), (6, 5, 241)):
+        main_cache[0, 64 * 576 + record * 8 + block] = scale_byte
+    q = torch.randn(2, 4, 512, generator=torch.Generator().manual_seed(19))
+    q[..., 128:192] = 0
+    q[..., 320:384] = 0
+    q = q.to(torch.bfloat16)
+    indices, indptr = ragged([[3, 4, 5, 6], [3, 4, 7]])
+    want = reference.sparse_mla_decode(q, main_cache, indices, indptr, 64, None, None, None, 64, None, SCALE, 0)
+    assert bool(torch.isfinite(want).all()) and float(want[0, :, 128:192].float().abs().max()) > 2.0**100
+    q, main_cache, clean, indices, indptr = to(device, q, main_cache, clean, indices, indptr)
+    got = dsv4ops.sparse_mla_decode(q, main_cache, indices, indptr, 64, main_format="ocp")
+    assert bool(torch.isfinite(got).all())
+    assert_close_to_reference(got, want)
+    unpoisoned = dsv4ops.sparse_mla_decode(q, clean, indices, indptr, 64, main_format="ocp")
+    assert torch.equal(got[1], unpoisoned[1])
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_empty_rows_bad_slots_and_sink_only(device):
     main_cache = written_cache(64, 64, Fp8Format.OCP, seed=16)
     q = torch.randn(4, 3, 512, generator=torch.Generator().manual_seed(17)).to(torch.bfloat16)

@@ -226,10 +226,13 @@ struct KeyLoad {
 };
 
 // The 256-entry decode table of a cache's encoding: ds_mla's dequantize_nope_value at a unit scale (FNUZ
-// 0x80 reads +0); the block scale, a power of two, multiplies the entry exactly afterwards.
+// 0x80 reads +0); the block scale, a power of two, multiplies the entry exactly afterwards. The NaN codes
+// hold +0 here: the spec scrubs their values to +0 whatever the scale, and 0 times any scale but a NaN
+// one is +0, so only unusual scales need the per-value scrub (decode_fp8x8).
 DSV4_DEVICE float table_value(Fp8Format format, uint8_t code) {
-  return format == Fp8Format::kFNUZ ? ds_mla::dequantize_nope_value<Fp8Format::kFNUZ>(code, 1.0f)
-                                    : ds_mla::dequantize_nope_value<Fp8Format::kOCP>(code, 1.0f);
+  const float value = format == Fp8Format::kFNUZ ? ds_mla::dequantize_nope_value<Fp8Format::kFNUZ>(code, 1.0f)
+                                                 : ds_mla::dequantize_nope_value<Fp8Format::kOCP>(code, 1.0f);
+  return value == value ? value : 0.0f;
 }
 
 // bf16 bits with every non-finite value (exponent all ones) replaced by +0: the spec's NaN scrub.
@@ -239,26 +242,36 @@ DSV4_DEVICE uint32_t scrub_bf16x2(uint32_t word) {
   return scrub_bf16(word & 0xffffu) | (scrub_bf16(word >> 16) << 16);
 }
 
-// Two fp32 values to bf16 (round to nearest even; low half = first), then scrubbed. sm_90 has the
-// conversion instruction; elsewhere the shared software rounding (the same bits for every non-NaN value,
-// and NaN is scrubbed to 0 either way).
-DSV4_DEVICE uint32_t bf16x2_scrubbed(float low, float high) {
+// Two fp32 values to bf16 (round to nearest even; low half = first). sm_90 has the conversion instruction;
+// elsewhere the shared software rounding (the same bits for every non-NaN value; NaN is scrubbed anyway).
+DSV4_DEVICE uint32_t bf16x2(float low, float high) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   uint32_t packed;
   asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(packed) : "f"(high), "f"(low));
-  return scrub_bf16x2(packed);
+  return packed;
 #else
-  return scrub_bf16(float_to_bf16_bits(low)) | (scrub_bf16(float_to_bf16_bits(high)) << 16);
+  return float_to_bf16_bits(low) | (float_to_bf16_bits(high) << 16);
 #endif
 }
 
-DSV4_DEVICE uint4 decode_fp8x8(uint2 codes, float block_scale, const float* table) {
+// Scale bytes up to this one keep every table value times the scale finite through the bf16 rounding
+// (|value| <= 448, 448 * 2^(240-127) < 2^122): no value of the block needs the scrub.
+constexpr uint32_t kLargestUnscrubbedScale = 240;
+
+// 8 codes of one 64-dim block into 8 bf16 (4 words), with the scrub only where the scale could make a
+// value non-finite (a huge scale, or the NaN scale byte 255).
+DSV4_DEVICE uint4 decode_fp8x8(uint2 codes, uint32_t scale_byte, const float* table) {
+  const float block_scale = ue8m0_decode(static_cast<uint8_t>(scale_byte));
   const uint32_t words[2] = {codes.x, codes.y};
   uint32_t pairs[4];
 #pragma unroll
   for (int j = 0; j < 4; ++j) {
     const uint32_t word = words[j / 2] >> (16 * (j % 2));
-    pairs[j] = bf16x2_scrubbed(table[word & 0xffu] * block_scale, table[(word >> 8) & 0xffu] * block_scale);
+    pairs[j] = bf16x2(table[word & 0xffu] * block_scale, table[(word >> 8) & 0xffu] * block_scale);
+  }
+  if (scale_byte > kLargestUnscrubbedScale) {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) pairs[j] = scrub_bf16x2(pairs[j]);
   }
   return make_uint4(pairs[0], pairs[1], pairs[2], pairs[3]);
 }
@@ -341,10 +354,9 @@ DSV4_DEVICE void store_key(const KeyLoad& load, uint16_t* row, int lane, const f
   uint4 high = make_uint4(0, 0, 0, 0);
   if (load.table >= 0) {
     const float* table = tables[load.table];
-    low = decode_fp8x8(load.low, ue8m0_decode(static_cast<uint8_t>(load.scales & 0xffu)), table);
+    low = decode_fp8x8(load.low, load.scales & 0xffu, table);
     if (lane < kFirstRopeLane) {
-      high = decode_fp8x8(make_uint2(load.high.x, load.high.y),
-                          ue8m0_decode(static_cast<uint8_t>((load.scales >> 8) & 0xffu)), table);
+      high = decode_fp8x8(make_uint2(load.high.x, load.high.y), (load.scales >> 8) & 0xffu, table);
     } else {
       high = make_uint4(scrub_bf16x2(load.high.x), scrub_bf16x2(load.high.y), scrub_bf16x2(load.high.z),
                         scrub_bf16x2(load.high.w));
