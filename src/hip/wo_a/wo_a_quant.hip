@@ -100,21 +100,39 @@ __global__ void __launch_bounds__(kElementwiseThreads)
 #pragma unroll
       for (int i = 0; i < kQuantLanes; ++i) values[i] = 0.0f;
     }
-    float amax = 0.0f;  // fmaxf ignores NaN, as the CPU path's std::fmax
+    float amax = 0.0f;        // fmaxf ignores NaN, as the CPU path's std::fmax
+    float non_finite = 0.0f;  // stays 0 unless a value is NaN or infinite (v * 0 is NaN then)
 #pragma unroll
-    for (int i = 0; i < kQuantLanes; ++i) amax = fmaxf(amax, fabsf(values[i]));
+    for (int i = 0; i < kQuantLanes; ++i) {
+      amax = fmaxf(amax, fabsf(values[i]));
+      non_finite = fmaf(values[i], 0.0f, non_finite);
+    }
 #pragma unroll
     for (int mask = kGroupThreads / 2; mask >= 1; mask >>= 1) {
       amax = fmaxf(amax, shuffle_xor(amax, mask, kGroupThreads));
+      non_finite += shuffle_xor(non_finite, mask, kGroupThreads);
     }
     const uint8_t byte = ue8m0_encode_rceil(amax, args.quant_max, kGroupAmaxFloor);
     const float inverse = ds_mla::ue8m0_inverse_scale(byte);
+    // The usual group: finite, and its amax scaled (exactly, by a power of two) stays in range, so every
+    // scaled value does: the general encode's clamps and NaN handling would change nothing.
+    const bool in_range =
+        non_finite == 0.0f && amax * inverse <= fminf(args.quant_max, Fp8Traits<F>::kMaxFinite);
     uint32_t words[kQuantLanes / 4];
+    if (in_range) {
 #pragma unroll
-    for (int w = 0; w < kQuantLanes / 4; ++w) {
-      words[w] = fp8x2_encode_clamped<F>(values[4 * w] * inverse, values[4 * w + 1] * inverse, args.quant_max) |
-                 (fp8x2_encode_clamped<F>(values[4 * w + 2] * inverse, values[4 * w + 3] * inverse,
-                                          args.quant_max) << 16);
+      for (int w = 0; w < kQuantLanes / 4; ++w) {
+        words[w] = fp8x2_encode_in_range<F>(values[4 * w] * inverse, values[4 * w + 1] * inverse, args.quant_max) |
+                   (fp8x2_encode_in_range<F>(values[4 * w + 2] * inverse, values[4 * w + 3] * inverse,
+                                             args.quant_max) << 16);
+      }
+    } else {
+#pragma unroll
+      for (int w = 0; w < kQuantLanes / 4; ++w) {
+        words[w] = fp8x2_encode_clamped<F>(values[4 * w] * inverse, values[4 * w + 1] * inverse, args.quant_max) |
+                   (fp8x2_encode_clamped<F>(values[4 * w + 2] * inverse, values[4 * w + 3] * inverse,
+                                            args.quant_max) << 16);
+      }
     }
     if (!valid) continue;
     uint8_t* out = args.x_fp8 + flat;

@@ -49,4 +49,32 @@ DSV4_HD uint32_t fp8x2_encode_clamped(float lo, float hi, float quant_max) {
          (static_cast<uint32_t>(fp8_encode_clamped<F>(hi, quant_max)) << 8);
 }
 
+// fp8x2_encode_clamped<F>(lo, hi, quant_max) for two finite values inside [-r, r], r = min(quant_max, the
+// format's largest finite): there the clamps, saturation and NaN selects of the general form are no-ops, so
+// only the conversion runs (and, in FNUZ, the signed-zero fix). A caller that knows a whole group is in
+// range (wo_a's quantizer, from the group's amax) saves most of the per-value instructions.
+template <Fp8Format F>
+DSV4_HD uint32_t fp8x2_encode_in_range(float lo, float hi, float quant_max) {
+#if !defined(DSV4_FP8_SOFTWARE_ONLY) && DSV4_DEVICE_PASS && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+  if constexpr (F == Fp8Format::kOCP) {
+    uint16_t packed;  // the second source lands in the low byte
+    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(packed) : "f"(hi), "f"(lo));
+    return packed;
+  }
+#elif !defined(DSV4_FP8_SOFTWARE_ONLY) && DSV4_DEVICE_PASS && defined(__HIP_DEVICE_COMPILE__) && \
+    (defined(__gfx942__) || defined(__gfx950__))
+  if constexpr (fp8_encode_uses_hardware<F>()) {
+    const uint32_t packed = static_cast<uint32_t>(__builtin_amdgcn_cvt_pk_fp8_f32(lo, hi, 0, false));
+    uint32_t code_lo = packed & 0xffu;
+    uint32_t code_hi = (packed >> 8) & 0xffu;
+    if constexpr (!Fp8Traits<F>::kHasNegativeZero) {
+      code_lo = code_lo == 0x80u ? 0u : code_lo;
+      code_hi = code_hi == 0x80u ? 0u : code_hi;
+    }
+    return code_lo | (code_hi << 8);
+  }
+#endif
+  return fp8x2_encode_clamped<F>(lo, hi, quant_max);
+}
+
 }  // namespace dsv4
