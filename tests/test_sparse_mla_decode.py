@@ -382,6 +382,22 @@ def test_gpu_heads_against_reference_and_cpu_kernel(heads, ratio, topk, main_fmt
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("heads,tokens", [(20, 40), (64, 20), (128, 9)])
+@pytest.mark.parametrize("ratio,topk", LAYERS)
+def test_gpu_two_head_groups_per_block(heads, tokens, ratio, topk):
+    """More than 64 (token, 16-head) blocks: on NVIDIA each block then serves two groups of 16 heads from
+    one decoded tile (the smaller cases above run one group per block). The same checks as above."""
+    positions = [5 + 37 * i for i in range(tokens)]
+    main_cache, extra_cache, main, extra, q, sink = layer_case(ratio, 64 if topk else None, heads, positions,
+                                                               Fp8Format.OCP, seed=44, device="cuda")
+    caches, formats = (main_cache, extra_cache), (Fp8Format.OCP, Fp8Format.OCP)
+    got, want = run(q, main, extra, caches, formats, (64, 16), sink, 0, device="cuda")
+    assert_close_to_reference(got, want)
+    on_cpu, _ = run(q, main, extra, tuple(c.cpu() for c in caches), formats, (64, 16), sink, 0, device="cpu")
+    assert_close_to_reference(got, on_cpu)
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("heads", [16, 20, 64])
 def test_gpu_single_key_is_copied_exactly(heads):
     """One key per row: its softmax weight is exactly 1 whatever the scores, so every head's output is the

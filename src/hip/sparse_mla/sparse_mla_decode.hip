@@ -2,7 +2,7 @@
 // fp8_ds_mla SWA ("main") and compressed ("extra") caches.
 //
 // Partial kernel: one block of 256 threads per (query row t, block of 16 heads, or 32 on NVIDIA when
-// H > 16, split s). Heads are the MMA M dimension (rows of heads >= H are zero and never written). Split
+// H > 16 in batches of more than 64 (row, 16-head) pairs, split s). Heads are the MMA M dimension (rows of heads >= H are zero and never written). Split
 // s walks positions [n*s/S, n*(s+1)/S) of the row's key list (its main indices, then its extra indices;
 // n = both counts), 32 positions a tile:
 //   1. Slot lookup: negative or out-of-cache slots are marked invalid and never read; record addresses
@@ -808,14 +808,21 @@ __global__ void __launch_bounds__(kReduceThreads) sparse_mla_reduce_kernel(Spars
 
 #endif  // DSV4_GPU_COMPILER
 
-// Heads per partial block: 32 (two groups sharing each decoded tile) on NVIDIA when H > 16, else 16.
-// The AMD targets keep one group: two would exceed gfx942's 64 KB of LDS.
-int heads_per_block(int64_t heads) {
+// Heads per partial block: 32 (two groups sharing each decoded tile) on NVIDIA when H > 16 and the grid
+// has many (token, head) blocks, else 16. With few blocks (small decode batches) the split count supplies
+// the parallelism and a block's latency decides the time: a one-group block finishes its tiles sooner,
+// and decoding each tile for twice as many blocks costs little. The AMD targets keep one group: two would
+// exceed gfx942's 64 KB of LDS.
+constexpr int64_t kMaxOneGroupBlocks = 64;  // (token, 16-head) blocks below which one group is used
+
+int heads_per_block(int64_t tokens, int64_t heads) {
 #if DSV4_SPARSE_MLA_MFMA_LAYOUT
-  (void)heads;
+  (void)tokens, (void)heads;
   return kHeadsPerBlock;
 #else
-  return heads > kHeadsPerBlock ? 2 * kHeadsPerBlock : kHeadsPerBlock;
+  if (heads <= kHeadsPerBlock) return kHeadsPerBlock;
+  const int64_t one_group_blocks = tokens * ((heads + kHeadsPerBlock - 1) / kHeadsPerBlock);
+  return one_group_blocks <= kMaxOneGroupBlocks ? kHeadsPerBlock : 2 * kHeadsPerBlock;
 #endif
 }
 
@@ -854,7 +861,7 @@ LaunchStatus launch_partial(const SparseMlaDecodeArgs& args, hipStream_t stream)
 int sparse_mla_decode_num_splits(const SparseMlaDecodeArgs& args, int requested) {
   if (requested > 0) return requested;
   if (args.tokens <= 0 || args.heads <= 0) return 1;
-  const int64_t rows_per_block = heads_per_block(args.heads);
+  const int64_t rows_per_block = heads_per_block(args.tokens, args.heads);
   const int64_t blocks = args.tokens * ((args.heads + rows_per_block - 1) / rows_per_block);
   // Resident partial blocks: two a multiprocessor on NVIDIA (registers and shared memory allow it), one
   // on the AMD targets (57 KB of LDS each).
@@ -908,7 +915,7 @@ LaunchStatus launch_sparse_mla_decode(const SparseMlaDecodeArgs& args, void* str
 #if DSV4_SPARSE_MLA_MFMA_LAYOUT
   const LaunchStatus partial = launch_partial<1>(args, hip_stream);
 #else
-  const LaunchStatus partial = heads_per_block(args.heads) == 2 * kHeadsPerBlock
+  const LaunchStatus partial = heads_per_block(args.tokens, args.heads) == 2 * kHeadsPerBlock
                                    ? launch_partial<2>(args, hip_stream)
                                    : launch_partial<1>(args, hip_stream);
 #endif
