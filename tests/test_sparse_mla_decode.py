@@ -385,8 +385,9 @@ def test_gpu_heads_against_reference_and_cpu_kernel(heads, ratio, topk, main_fmt
 @pytest.mark.parametrize("heads,tokens", [(20, 40), (64, 20), (128, 9)])
 @pytest.mark.parametrize("ratio,topk", LAYERS)
 def test_gpu_two_head_groups_per_block(heads, tokens, ratio, topk):
-    """More than 64 (token, 16-head) blocks: on NVIDIA each block then serves two groups of 16 heads from
-    one decoded tile (the smaller cases above run one group per block). The same checks as above."""
+    """Many (token, 16-head) blocks, more than 64: on NVIDIA each block serves two groups of 16 heads from
+    one decoded tile (as in the 128-head case above; batches of at most 16 blocks run one group per
+    block). The same checks as above."""
     positions = [5 + 37 * i for i in range(tokens)]
     main_cache, extra_cache, main, extra, q, sink = layer_case(ratio, 64 if topk else None, heads, positions,
                                                                Fp8Format.OCP, seed=44, device="cuda")

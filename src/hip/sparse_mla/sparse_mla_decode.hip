@@ -2,7 +2,7 @@
 // fp8_ds_mla SWA ("main") and compressed ("extra") caches.
 //
 // Partial kernel: one block of 256 threads per (query row t, block of 16 heads, or 32 on NVIDIA when
-// H > 16 in batches of more than 64 (row, 16-head) pairs, split s). Heads are the MMA M dimension (rows of heads >= H are zero and never written). Split
+// H > 16 in batches of more than 16 (row, 16-head) pairs, split s). Heads are the MMA M dimension (rows of heads >= H are zero and never written). Split
 // s walks positions [n*s/S, n*(s+1)/S) of the row's key list (its main indices, then its extra indices;
 // n = both counts), 32 positions a tile:
 //   1. Slot lookup: negative or out-of-cache slots are marked invalid and never read; record addresses
@@ -808,12 +808,12 @@ __global__ void __launch_bounds__(kReduceThreads) sparse_mla_reduce_kernel(Spars
 
 #endif  // DSV4_GPU_COMPILER
 
-// Heads per partial block: 32 (two groups sharing each decoded tile) on NVIDIA when H > 16 and the grid
-// has many (token, head) blocks, else 16. With few blocks (small decode batches) the split count supplies
-// the parallelism and a block's latency decides the time: a one-group block finishes its tiles sooner,
-// and decoding each tile for twice as many blocks costs little. The AMD targets keep one group: two would
-// exceed gfx942's 64 KB of LDS.
-constexpr int64_t kMaxOneGroupBlocks = 64;  // (token, 16-head) blocks below which one group is used
+// Heads per partial block: 32 (two groups sharing each decoded tile) on NVIDIA when H > 16, except for the
+// smallest batches: with at most 16 (token, 16-head) blocks the split count supplies the parallelism and
+// a block's latency decides the time, and a one-group block finishes its tiles sooner (H200, T = 1, 64 or
+// 128 heads: 12.0-13.5 us against 15.2-16.8 at 192-640 keys a row; at T = 8, 128 heads, one group was
+// slower: 58.8 us against 52.4). The AMD targets keep one group: two would exceed gfx942's 64 KB of LDS.
+constexpr int64_t kMaxOneGroupBlocks = 16;
 
 int heads_per_block(int64_t tokens, int64_t heads) {
 #if DSV4_SPARSE_MLA_MFMA_LAYOUT
