@@ -7,6 +7,7 @@ import math
 import pytest
 import torch
 
+import dsv4ops
 from dsv4ops import Fp8Format
 from dsv4ops.reference import kv_cache as kvc
 
@@ -46,6 +47,23 @@ EXPECTED = {
     Fp8Format.OCP: ([119, 120, 105, 105, 127, 127, 127], [0x78] * 64 + [0x68, 0xFC] * 32 + [0x00] * 64 + [0x80] * 64 + [0x7E] * 192),
     Fp8Format.FNUZ: ([120, 121, 106, 106, 128, 128, 128], [0x78] * 64 + [0x68, 0xFC] * 32 + [0x00] * 64 + [0x00] * 64 + [0x7E] * 192),
 }
+
+
+@pytest.mark.parametrize("fmt,byte", [(Fp8Format.OCP, 247), (Fp8Format.FNUZ, 248)], ids=["ocp", "fnuz"])
+def test_largest_scale_byte_from_finite_input(fmt, byte):
+    """The top of the scale-byte range for finite bf16 input, from the encode rule of spec/kv_cache.md §8.1:
+    bf16 max / 448 = 2^119.19, so e = 120 (byte 247) in OCP and e = 121 (248) in FNUZ. (The range line under
+    §8.1, "derived", says 246 / 247: it takes e = 119, one short.) The dsv4ops CPU kernel writes the same."""
+    k = torch.zeros(512, dtype=torch.bfloat16)
+    k[:64] = torch.finfo(torch.bfloat16).max
+    block_size = 2  # a 16-byte multiple of a block stride, as the op requires
+    cache = empty_cache(1, block_size)
+    kvc.quantize_and_insert_k_cache(k[None], cache, torch.tensor([0]), block_size, fmt)
+    scales = cache[0, block_size * kvc.DATA_BYTES : block_size * kvc.DATA_BYTES + 7].tolist()
+    assert scales == [byte] + [105 if fmt == Fp8Format.OCP else 106] * 6
+    ours = empty_cache(1, block_size)
+    dsv4ops.quantize_and_insert_k_cache(k[None], ours, torch.tensor([0]), block_size, fmt)
+    assert torch.equal(ours, cache)
 
 
 @pytest.mark.parametrize("fmt", [Fp8Format.OCP, Fp8Format.FNUZ], ids=["ocp", "fnuz"])
