@@ -103,12 +103,6 @@ DSV4_DEVICE void store_zero_fp8_share(uint8_t* row, int lane) {
   for (int h = 0; h < 2; ++h) *reinterpret_cast<uint2*>(row + h * kHalfDims + lane * kPieceDims) = make_uint2(0, 0);
 }
 
-DSV4_DEVICE float group_sum(float value) {
-#pragma unroll
-  for (int mask = kGroupLanes / 2; mask >= 1; mask >>= 1) value += shuffle_xor(value, mask, kGroupLanes);
-  return value;
-}
-
 // 1 / RMS of the whole row (all 32 lanes take part).
 DSV4_DEVICE float row_rms_inverse(const Share& s, float eps) {
   float sum = 0.0f;
@@ -117,7 +111,7 @@ DSV4_DEVICE float row_rms_inverse(const Share& s, float eps) {
 #pragma unroll
     for (int j = 0; j < kPieceDims; ++j) sum += s.v[h][j] * s.v[h][j];
   }
-  return rms_inverse(group_sum(sum), ds_mla::kHeadDim, eps);
+  return rms_inverse(group_sum<kGroupLanes>(sum), ds_mla::kHeadDim, eps);
 }
 
 // Rotates the lane's RoPE dims (second piece of lanes 24..31: pairs 4*(lane-24) .. +3).

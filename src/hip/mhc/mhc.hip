@@ -47,12 +47,6 @@ constexpr int kCombLanes = 16;
 constexpr int kWideEpilogueMinSplits = 33;
 constexpr int kMaxSplits = 128;
 
-DSV4_DEVICE float half_group_sum(float value) {
-#pragma unroll
-  for (int mask = kHalfLanes / 2; mask >= 1; mask >>= 1) value += shuffle_xor(value, mask, kHalfLanes);
-  return value;
-}
-
 // 4 consecutive fp32 values split into three bf16 planes (hi, mid, lo), each packed as 4 bf16.
 DSV4_DEVICE void split_planes(const float4& v, uint2 (&planes)[kSplitPlanes]) {
   const float values[4] = {v.x, v.y, v.z, v.w};
@@ -388,10 +382,7 @@ __global__ void __launch_bounds__(kEpilogueThreads) mhc_epilogue_kernel(MhcPreAr
     }
   }
 #pragma unroll
-  for (int m = 0; m <= kMixes; ++m) {
-#pragma unroll
-    for (int mask = kLanes / 2; mask >= 1; mask >>= 1) sums[m] += shuffle_xor(sums[m], mask, kLanes);
-  }
+  for (int m = 0; m <= kMixes; ++m) sums[m] = group_sum<kLanes>(sums[m]);
   const float r = mhc::rms_factor(sums[kMixes], kStreams * args.hidden, args.config.rms_eps);
   if (group_lane < kStreams) {
     pre_weights[token * kStreams + group_lane] =
@@ -428,7 +419,7 @@ __global__ void __launch_bounds__(kEpilogueThreads) mhc_epilogue_kernel(MhcPreAr
 }
 
 DSV4_DEVICE float block_sum(float value, float* scratch) {
-  value = half_group_sum(value);
+  value = group_sum<kHalfLanes>(value);
   const int half = threadIdx.x / kHalfLanes;
   if (threadIdx.x % kHalfLanes == 0) scratch[half] = value;
   __syncthreads();

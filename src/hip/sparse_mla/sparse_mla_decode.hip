@@ -627,8 +627,7 @@ __global__ void DSV4_SPARSE_MLA_BOUNDS sparse_mla_partial_kernel(SparseMlaDecode
         sh.probs[softmax_row * kProbStride + softmax_col + c] = bits;
         sum += bf16_bits_to_float(bits);
       }
-#pragma unroll
-      for (int mask = kThreadsPerRow / 2; mask > 0; mask /= 2) sum += shuffle_xor(sum, mask, kThreadsPerRow);
+      sum = group_sum<kThreadsPerRow>(sum);
       l = l * a + sum;
       m = m_new;
       if (tid % kThreadsPerRow == 0) sh.alpha[softmax_row] = a;

@@ -76,6 +76,19 @@ DSV4_DEVICE void unrotate(const RopeTable& rope, int64_t token, int lane, float*
   }
 }
 
+// The thread's values times the group's inverse scale into FP8 bytes, 4 per word: the general clamped
+// encode, or (kInRange: finite values whose scaled magnitude is within range) the bare conversion.
+template <Fp8Format F, bool kInRange>
+DSV4_DEVICE void encode_scaled(const float (&values)[kQuantLanes], float inverse, float quant_max,
+                               uint32_t (&words)[kQuantLanes / 4]) {
+  const auto pair = [&](int i) {
+    return kInRange ? fp8x2_encode_in_range<F>(values[i] * inverse, values[i + 1] * inverse, quant_max)
+                    : fp8x2_encode_clamped<F>(values[i] * inverse, values[i + 1] * inverse, quant_max);
+  };
+#pragma unroll
+  for (int w = 0; w < kQuantLanes / 4; ++w) words[w] = pair(4 * w) | (pair(4 * w + 2) << 16);
+}
+
 template <Fp8Format F, int kGroupThreads, bool kBf16Table>
 __global__ void __launch_bounds__(kElementwiseThreads)
     group_quant_kernel(InverseRopeGroupQuantArgs args, int64_t items, bool vector) {
@@ -120,19 +133,9 @@ __global__ void __launch_bounds__(kElementwiseThreads)
         non_finite == 0.0f && amax * inverse <= fminf(args.quant_max, Fp8Traits<F>::kMaxFinite);
     uint32_t words[kQuantLanes / 4];
     if (in_range) {
-#pragma unroll
-      for (int w = 0; w < kQuantLanes / 4; ++w) {
-        words[w] = fp8x2_encode_in_range<F>(values[4 * w] * inverse, values[4 * w + 1] * inverse, args.quant_max) |
-                   (fp8x2_encode_in_range<F>(values[4 * w + 2] * inverse, values[4 * w + 3] * inverse,
-                                             args.quant_max) << 16);
-      }
+      encode_scaled<F, true>(values, inverse, args.quant_max, words);
     } else {
-#pragma unroll
-      for (int w = 0; w < kQuantLanes / 4; ++w) {
-        words[w] = fp8x2_encode_clamped<F>(values[4 * w] * inverse, values[4 * w + 1] * inverse, args.quant_max) |
-                   (fp8x2_encode_clamped<F>(values[4 * w + 2] * inverse, values[4 * w + 3] * inverse,
-                                            args.quant_max) << 16);
-      }
+      encode_scaled<F, false>(values, inverse, args.quant_max, words);
     }
     if (!valid) continue;
     uint8_t* out = args.x_fp8 + flat;

@@ -11,69 +11,79 @@
 
 namespace dsv4 {
 
+#if !defined(DSV4_FP8_SOFTWARE_ONLY) && DSV4_DEVICE_PASS && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+#define DSV4_FP8X2_NVIDIA 1
+#elif !defined(DSV4_FP8_SOFTWARE_ONLY) && DSV4_DEVICE_PASS && defined(__HIP_DEVICE_COMPILE__) && \
+    (defined(__gfx942__) || defined(__gfx950__))
+#define DSV4_FP8X2_AMDGCN 1
+#endif
+
+// Whether this compilation pass has a paired conversion instruction for F.
+template <Fp8Format F>
+DSV4_HD constexpr bool fp8x2_uses_hardware() {
+#if defined(DSV4_FP8X2_NVIDIA)
+  return F == Fp8Format::kOCP;
+#elif defined(DSV4_FP8X2_AMDGCN)
+  return fp8_encode_uses_hardware<F>();
+#else
+  return false;
+#endif
+}
+
+// The paired conversion (lo -> bits 0..7, hi -> bits 8..15), rounding to nearest even, with the FNUZ
+// signed zero made +0. NVIDIA's instruction saturates to the largest finite; AMD's does not, so kSaturate
+// bounds the values first there (fp8_encode_amdgcn's rule). NaN inputs give unspecified codes: callers
+// that can see NaN select the NaN code themselves. Only called where fp8x2_uses_hardware<F>().
+template <Fp8Format F, bool kSaturate>
+DSV4_HD uint32_t fp8x2_convert(float lo, float hi) {
+#if defined(DSV4_FP8X2_NVIDIA)
+  uint16_t packed;  // the second source lands in the low byte
+  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(packed) : "f"(hi), "f"(lo));
+  return packed;
+#elif defined(DSV4_FP8X2_AMDGCN)
+  using T = Fp8Traits<F>;
+  if constexpr (kSaturate) {
+    lo = __builtin_fminf(__builtin_fmaxf(lo, -T::kMaxFinite), T::kMaxFinite);
+    hi = __builtin_fminf(__builtin_fmaxf(hi, -T::kMaxFinite), T::kMaxFinite);
+  }
+  const uint32_t packed = static_cast<uint32_t>(__builtin_amdgcn_cvt_pk_fp8_f32(lo, hi, 0, false));
+  uint32_t code_lo = packed & 0xffu;
+  uint32_t code_hi = (packed >> 8) & 0xffu;
+  if constexpr (!T::kHasNegativeZero) {
+    code_lo = code_lo == 0x80u ? 0u : code_lo;
+    code_hi = code_hi == 0x80u ? 0u : code_hi;
+  }
+  return code_lo | (code_hi << 8);
+#else
+  (void)lo, (void)hi;
+  return 0;
+#endif
+}
+
 // fp8_encode_clamped<F>(lo) in bits 0..7 and fp8_encode_clamped<F>(hi) in bits 8..15.
 template <Fp8Format F>
 DSV4_HD uint32_t fp8x2_encode_clamped(float lo, float hi, float quant_max) {
-  using T = Fp8Traits<F>;
-  // The quantizer's clamp, keeping NaN (as fp8_encode_clamped).
-  const float clo = lo < -quant_max ? -quant_max : (lo > quant_max ? quant_max : lo);
-  const float chi = hi < -quant_max ? -quant_max : (hi > quant_max ? quant_max : hi);
-#if !defined(DSV4_FP8_SOFTWARE_ONLY) && DSV4_DEVICE_PASS && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
-  if constexpr (F == Fp8Format::kOCP) {
-    uint16_t packed;  // the second source lands in the low byte
-    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(packed) : "f"(chi), "f"(clo));
+  if constexpr (fp8x2_uses_hardware<F>()) {
+    using T = Fp8Traits<F>;
+    // The quantizer's clamp, keeping NaN (as fp8_encode_clamped); then NaN made explicit.
+    const float clo = lo < -quant_max ? -quant_max : (lo > quant_max ? quant_max : lo);
+    const float chi = hi < -quant_max ? -quant_max : (hi > quant_max ? quant_max : hi);
+    const uint32_t packed = fp8x2_convert<F, true>(clo, chi);
     const uint32_t code_lo = clo != clo ? T::kNaNCode : (packed & 0xffu);
-    const uint32_t code_hi = chi != chi ? T::kNaNCode : (static_cast<uint32_t>(packed) >> 8);
+    const uint32_t code_hi = chi != chi ? T::kNaNCode : (packed >> 8);
     return code_lo | (code_hi << 8);
   }
-#elif !defined(DSV4_FP8_SOFTWARE_ONLY) && DSV4_DEVICE_PASS && defined(__HIP_DEVICE_COMPILE__) && \
-    (defined(__gfx942__) || defined(__gfx950__))
-  if constexpr (fp8_encode_uses_hardware<F>()) {
-    // fp8_encode_amdgcn on each value: the format's saturation bound, then the packed conversion
-    // (src0 -> byte 0, src1 -> byte 1); NaN and the FNUZ signed zero made explicit.
-    const float slo = __builtin_fminf(__builtin_fmaxf(clo, -T::kMaxFinite), T::kMaxFinite);
-    const float shi = __builtin_fminf(__builtin_fmaxf(chi, -T::kMaxFinite), T::kMaxFinite);
-    const uint32_t packed = static_cast<uint32_t>(__builtin_amdgcn_cvt_pk_fp8_f32(slo, shi, 0, false));
-    uint32_t code_lo = packed & 0xffu;
-    uint32_t code_hi = (packed >> 8) & 0xffu;
-    if constexpr (!T::kHasNegativeZero) {
-      code_lo = code_lo == 0x80u ? 0u : code_lo;
-      code_hi = code_hi == 0x80u ? 0u : code_hi;
-    }
-    code_lo = clo != clo ? T::kNaNCode : code_lo;
-    code_hi = chi != chi ? T::kNaNCode : code_hi;
-    return code_lo | (code_hi << 8);
-  }
-#endif
   return static_cast<uint32_t>(fp8_encode_clamped<F>(lo, quant_max)) |
          (static_cast<uint32_t>(fp8_encode_clamped<F>(hi, quant_max)) << 8);
 }
 
 // fp8x2_encode_clamped<F>(lo, hi, quant_max) for two finite values inside [-r, r], r = min(quant_max, the
 // format's largest finite): there the clamps, saturation and NaN selects of the general form are no-ops, so
-// only the conversion runs (and, in FNUZ, the signed-zero fix). A caller that knows a whole group is in
-// range (wo_a's quantizer, from the group's amax) saves most of the per-value instructions.
+// only the conversion runs. A caller that knows a whole group is in range (wo_a's quantizer, from the
+// group's amax) saves most of the per-value instructions.
 template <Fp8Format F>
 DSV4_HD uint32_t fp8x2_encode_in_range(float lo, float hi, float quant_max) {
-#if !defined(DSV4_FP8_SOFTWARE_ONLY) && DSV4_DEVICE_PASS && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
-  if constexpr (F == Fp8Format::kOCP) {
-    uint16_t packed;  // the second source lands in the low byte
-    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(packed) : "f"(hi), "f"(lo));
-    return packed;
-  }
-#elif !defined(DSV4_FP8_SOFTWARE_ONLY) && DSV4_DEVICE_PASS && defined(__HIP_DEVICE_COMPILE__) && \
-    (defined(__gfx942__) || defined(__gfx950__))
-  if constexpr (fp8_encode_uses_hardware<F>()) {
-    const uint32_t packed = static_cast<uint32_t>(__builtin_amdgcn_cvt_pk_fp8_f32(lo, hi, 0, false));
-    uint32_t code_lo = packed & 0xffu;
-    uint32_t code_hi = (packed >> 8) & 0xffu;
-    if constexpr (!Fp8Traits<F>::kHasNegativeZero) {
-      code_lo = code_lo == 0x80u ? 0u : code_lo;
-      code_hi = code_hi == 0x80u ? 0u : code_hi;
-    }
-    return code_lo | (code_hi << 8);
-  }
-#endif
+  if constexpr (fp8x2_uses_hardware<F>()) return fp8x2_convert<F, false>(lo, hi);
   return fp8x2_encode_clamped<F>(lo, hi, quant_max);
 }
 

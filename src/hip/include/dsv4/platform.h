@@ -102,6 +102,16 @@ DSV4_DEVICE float shuffle_xor(float value, int lane_mask, int width) {
 #endif
 }
 
+// The sum over each aligned group of kWidth lanes (a power of two <= 32) in every lane of the group: a
+// butterfly, so every lane adds in the same order and the result does not depend on the lane.
+template <int kWidth>
+DSV4_DEVICE float group_sum(float value) {
+  static_assert(kWidth >= 1 && kWidth <= 32 && (kWidth & (kWidth - 1)) == 0, "a power of two <= 32");
+#pragma unroll
+  for (int mask = kWidth / 2; mask >= 1; mask >>= 1) value += shuffle_xor(value, mask, kWidth);
+  return value;
+}
+
 // The value of `lane` (relative to the group of `width` lanes) in every lane of the group.
 template <typename T>
 DSV4_DEVICE T shuffle_from(T value, int lane, int width) {
