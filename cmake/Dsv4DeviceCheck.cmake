@@ -33,12 +33,13 @@ foreach(_src IN LISTS DSV4OPS_KERNEL_SOURCES)
   set(_ptxas_log ${_check_dir}/${_name}.sm_90a.ptxas.log)
   add_custom_command(OUTPUT ${_ptx} ${_ptxas_log}
     COMMAND ${DSV4OPS_NVCC} -x cu -std=c++17 -O3 -gencode arch=compute_90a,code=compute_90a
-            -I${PROJECT_SOURCE_DIR}/src/hip/include -I${PROJECT_SOURCE_DIR}/src/hip -ptx ${_src} -o ${_ptx}
+            -I${PROJECT_SOURCE_DIR}/src/hip/include -I${PROJECT_SOURCE_DIR}/src/hip -MD -MF ${_ptx}.d -ptx ${_src}
+            -o ${_ptx}
     COMMAND ${Python_EXECUTABLE} ${PROJECT_SOURCE_DIR}/tools/check_device_code.py run-to-log ${_ptxas_log} --
             ${DSV4OPS_NVCC} -x cu -std=c++17 -O3 -gencode arch=compute_90a,code=sm_90a -Xptxas -v
             -I${PROJECT_SOURCE_DIR}/src/hip/include -I${PROJECT_SOURCE_DIR}/src/hip -cubin ${_src}
             -o ${_check_dir}/${_name}.sm_90a.cubin
-    DEPENDS ${_src} VERBATIM
+    DEPENDS ${_src} DEPFILE ${_ptx}.d VERBATIM
     COMMENT "device check: ${_name} for sm_90a")
   list(APPEND _outputs ${_ptx} ${_ptxas_log})
 endforeach()
