@@ -155,6 +155,34 @@ def test_combined_q_and_kv(device, fmt, bs, h, hp, n):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_cos_sin_table_off_16_byte_boundary(device, fmt):
+    """A contiguous table starting 4 bytes past an aligned address (the kernels then read it with 4-byte
+    loads) gives the same bytes as the aligned table."""
+    n, h, hp, bs = 37, 8, 16, 16
+    q, kv = inputs(n, h, seed=11, device=device)
+    positions = torch.randint(0, 4096, (n,), generator=torch.Generator().manual_seed(12))
+    slots = torch.randperm(2 * 3 * bs, generator=torch.Generator().manual_seed(13))[:n]
+    table = cos_sin_cache().to(device)
+    storage = torch.empty(table.numel() + 1, dtype=torch.float32, device=device)
+    shifted = storage[1:].view(table.shape)
+    shifted.copy_(table)
+    assert shifted.data_ptr() % 16 != 0 and shifted.is_contiguous()
+    outputs = []
+    for cos_sin in (table, shifted):
+        cache = torch.zeros(6, bs * 584, dtype=torch.uint8, device=device)
+        q_out = torch.ops.dsv4.qnorm_rope_kv_insert(q.to(device), kv.to(device), cache, slots.to(device),
+                                                    positions.to(device), cos_sin, hp, EPS, bs, True, int(fmt),
+                                                    fmt.default_quant_max)
+        outputs.append((q_out.cpu(), cache.cpu()))
+    assert_bits_equal(outputs[1][0], outputs[0][0])
+    assert_bytes_equal(outputs[1][1], outputs[0][1])
+    q_ref, expected = reference_run(q, kv, slots, positions, hp, bs, fmt, 6)
+    assert_q_close(outputs[0][0], q_ref, h)
+    assert_bytes_equal(outputs[0][1], expected)
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_guards_no_norm_and_out_of_table_positions(device):
     n, h, hp, bs = 9, 4, 8, 16
     q, kv = inputs(n, h, seed=4, device=device)

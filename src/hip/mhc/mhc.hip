@@ -46,6 +46,8 @@ constexpr int kEpilogueThreads = 128;
 constexpr int kCombLanes = 16;
 constexpr int kWideEpilogueMinSplits = 33;
 constexpr int kMaxSplits = 128;
+// Tokens up to which one kernel runs each token's epilogue and collapse (decode): a launch saved.
+constexpr int64_t kMergedEpilogueMaxTokens = 64;
 
 // 4 consecutive fp32 values split into three bf16 planes (hi, mid, lo), each packed as 4 bf16.
 DSV4_DEVICE void split_planes(const float4& v, uint2 (&planes)[kSplitPlanes]) {
@@ -358,13 +360,13 @@ DSV4_DEVICE float select(const float (&values)[kCount], int index) {
 // repeat them), whose row and column sums are butterflies in the pairwise order of mhc::sum4, so the
 // result equals the one-thread form; lanes 0-3 write the pre weights (to the workspace, for the collapse)
 // and lanes 4-7 the post weights.
+// The epilogue of one token by one group of kLanes lanes; only where `writes` does a lane store (the
+// pre weights to pre_out[0..3], the post and comb mixes to args), so that other groups of a warp may
+// run it for the same token and keep every shuffle full-width.
 template <int kMixes, int kLanes>
-__global__ void __launch_bounds__(kEpilogueThreads) mhc_epilogue_kernel(MhcPreArgs args, float* pre_weights) {
+DSV4_DEVICE void epilogue_token(const MhcPreArgs& args, int64_t token, int group_lane, bool writes, float* pre_out) {
   static_assert(kLanes == kCombLanes || kLanes == 2 * kCombLanes, "16 or 32 lanes per token");
   constexpr int kStreams = mhc::kHcMult;
-  const int group_lane = threadIdx.x % kLanes;
-  const int64_t token = static_cast<int64_t>(blockIdx.x) * (kEpilogueThreads / kLanes) + threadIdx.x / kLanes;
-  if (token >= args.tokens) return;  // the whole group: all its lanes share the token
   constexpr int kStride = partial_stride(kMixes);
   float sums[kStride];  // the mixes, the sum of squares, then padding (never written, never used)
 #pragma unroll
@@ -384,12 +386,11 @@ __global__ void __launch_bounds__(kEpilogueThreads) mhc_epilogue_kernel(MhcPreAr
 #pragma unroll
   for (int m = 0; m <= kMixes; ++m) sums[m] = group_sum<kLanes>(sums[m]);
   const float r = mhc::rms_factor(sums[kMixes], kStreams * args.hidden, args.config.rms_eps);
-  if (group_lane < kStreams) {
-    pre_weights[token * kStreams + group_lane] =
-        mhc::pre_weight(select(sums, group_lane), r, args.scale, args.base[group_lane], args.config);
+  if (writes && group_lane < kStreams) {
+    pre_out[group_lane] = mhc::pre_weight(select(sums, group_lane), r, args.scale, args.base[group_lane], args.config);
   }
   if constexpr (kMixes == mhc::kPreMixes) {
-    if (group_lane >= kStreams && group_lane < 2 * kStreams) {
+    if (writes && group_lane >= kStreams && group_lane < 2 * kStreams) {
       args.post_mix[token * kStreams + group_lane - kStreams] =
           mhc::post_weight(select(sums, group_lane), r, args.scale, args.base[group_lane], args.config);
     }
@@ -414,8 +415,15 @@ __global__ void __launch_bounds__(kEpilogueThreads) mhc_epilogue_kernel(MhcPreAr
       normalize(1);
       normalize(4);
     }
-    if (group_lane < kComb) args.comb_mix[token * kComb + e] = c;
+    if (writes && group_lane < kComb) args.comb_mix[token * kComb + e] = c;
   }
+}
+
+template <int kMixes, int kLanes>
+__global__ void __launch_bounds__(kEpilogueThreads) mhc_epilogue_kernel(MhcPreArgs args, float* pre_weights) {
+  const int64_t token = static_cast<int64_t>(blockIdx.x) * (kEpilogueThreads / kLanes) + threadIdx.x / kLanes;
+  if (token >= args.tokens) return;  // the whole group: all its lanes share the token
+  epilogue_token<kMixes, kLanes>(args, token, threadIdx.x % kLanes, true, pre_weights + token * mhc::kHcMult);
 }
 
 DSV4_DEVICE float block_sum(float value, float* scratch) {
@@ -454,13 +462,9 @@ DSV4_DEVICE uint4 pack_bf16x8(const float* values) {
   return make_uint4(words[0], words[1], words[2], words[3]);
 }
 
-// One block per token: layer_input from the pre weights of the epilogue kernel.
-__global__ void __launch_bounds__(kThreads) mhc_collapse_kernel(MhcPreArgs args, const float* pre_weights) {
-  __shared__ float scratch[kThreads / kHalfLanes];
-  const int64_t token = blockIdx.x;
-  float pre[mhc::kHcMult];
-#pragma unroll
-  for (int i = 0; i < mhc::kHcMult; ++i) pre[i] = pre_weights[token * mhc::kHcMult + i];
+// layer_input of one token by the whole block, from its pre weights.
+DSV4_DEVICE void collapse_token(const MhcPreArgs& args, int64_t token, const float (&pre)[mhc::kHcMult],
+                                float* scratch) {
   const uint16_t* residual = args.residual + token * mhc::kHcMult * args.hidden;
   uint16_t* out = args.out + token * args.hidden;
   const int64_t vectors = args.hidden / 8;
@@ -489,6 +493,34 @@ __global__ void __launch_bounds__(kThreads) mhc_collapse_kernel(MhcPreArgs args,
     }
     *reinterpret_cast<uint4*>(out + 8 * v) = pack_bf16x8(values);
   }
+}
+
+// One block per token: layer_input from the pre weights of the epilogue kernel.
+__global__ void __launch_bounds__(kThreads) mhc_collapse_kernel(MhcPreArgs args, const float* pre_weights) {
+  __shared__ float scratch[kThreads / kHalfLanes];
+  const int64_t token = blockIdx.x;
+  float pre[mhc::kHcMult];
+#pragma unroll
+  for (int i = 0; i < mhc::kHcMult; ++i) pre[i] = pre_weights[token * mhc::kHcMult + i];
+  collapse_token(args, token, pre, scratch);
+}
+
+// One block per token: its epilogue (by the first warp, whose lane groups all run it so that its shuffles
+// stay full-width; the first group writes), then its collapse. For a few tokens, where a kernel launch
+// costs more than a block's wait for its own epilogue.
+template <int kMixes, int kLanes>
+__global__ void __launch_bounds__(kThreads) mhc_epilogue_collapse_kernel(MhcPreArgs args) {
+  __shared__ float scratch[kThreads / kHalfLanes];
+  __shared__ float pre_shared[mhc::kHcMult];
+  const int64_t token = blockIdx.x;
+  if (threadIdx.x < kWarpSize) {
+    epilogue_token<kMixes, kLanes>(args, token, threadIdx.x % kLanes, threadIdx.x < kLanes, pre_shared);
+  }
+  __syncthreads();
+  float pre[mhc::kHcMult];
+#pragma unroll
+  for (int i = 0; i < mhc::kHcMult; ++i) pre[i] = pre_shared[i];
+  collapse_token(args, token, pre, scratch);
 }
 
 __global__ void __launch_bounds__(kThreads) mhc_post_kernel(MhcPostArgs args) {
@@ -596,6 +628,15 @@ void launch_pre_kernels(const MhcPreArgs& args, hipStream_t stream) {
     static_assert(kTwoTileMinTokens / dots_block_tokens(2) >= kPresplitMinTokenBlocks, "two tiles only presplit");
     hipLaunchKernelGGL((mhc_dots_kernel<kMixes, false, 1>), dots_grid, dots_block, 0, stream, args,
                        static_cast<const FnChunk<kMixes>*>(nullptr));
+  }
+  if (args.tokens <= kMergedEpilogueMaxTokens) {
+    const dim3 grid(static_cast<unsigned>(args.tokens));
+    if (args.k_splits >= kWideEpilogueMinSplits) {
+      hipLaunchKernelGGL((mhc_epilogue_collapse_kernel<kMixes, 2 * kCombLanes>), grid, dim3(kThreads), 0, stream, args);
+    } else {
+      hipLaunchKernelGGL((mhc_epilogue_collapse_kernel<kMixes, kCombLanes>), grid, dim3(kThreads), 0, stream, args);
+    }
+    return;
   }
   float* pre_weights = args.partials + layout.pre_weights;
   const auto epilogue = [&](auto kernel, int lanes) {
