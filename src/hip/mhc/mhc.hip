@@ -1,6 +1,7 @@
 // mHC kernels (spec/mhc.md): mhc_pre and hc_head as three kernels (dot products, per-token epilogue,
-// collapse), after a fourth that splits fn for many tokens; mhc_post as one streaming kernel. The
-// numerics of the epilogue are dsv4/mhc.h, shared with the CPU path.
+// collapse), after a fourth that splits fn for many tokens, and as two for a few tokens (the epilogue and
+// the collapse of a token in one block); mhc_post as one streaming kernel. The numerics of the epilogue
+// are dsv4/mhc.h, shared with the CPU path.
 //
 // Dot products on the matrix units (mhc_tile_mma.h): a warp takes one or two 16-token tiles, a block 4
 // warps. fn is fp32 and the units take bf16, so each 64-wide chunk of fn is split into three bf16 planes
@@ -354,15 +355,13 @@ DSV4_DEVICE float select(const float (&values)[kCount], int index) {
   return chosen;
 }
 
-// A group of kLanes lanes per token: the partial sums of the k slices (lane l adds slices l, l + kLanes,
-// ..., then a butterfly: a fixed order), then the epilogue of dsv4/mhc.h spread over lanes: lane e < 16
-// holds comb value e (row e / 4, column e % 4) through the Sinkhorn steps (lanes 16-31 of a 32-lane group
-// repeat them), whose row and column sums are butterflies in the pairwise order of mhc::sum4, so the
-// result equals the one-thread form; lanes 0-3 write the pre weights (to the workspace, for the collapse)
-// and lanes 4-7 the post weights.
-// The epilogue of one token by one group of kLanes lanes; only where `writes` does a lane store (the
-// pre weights to pre_out[0..3], the post and comb mixes to args), so that other groups of a warp may
-// run it for the same token and keep every shuffle full-width.
+// The epilogue of one token by a group of kLanes lanes: the partial sums of the k slices (lane l adds
+// slices l, l + kLanes, ..., then a butterfly: a fixed order), then the epilogue of dsv4/mhc.h spread over
+// lanes: lane e < 16 holds comb value e (row e / 4, column e % 4) through the Sinkhorn steps (lanes 16-31
+// of a 32-lane group repeat them), whose row and column sums are butterflies in the pairwise order of
+// mhc::sum4, so the result equals the one-thread form; lanes 0-3 write the pre weights (to pre_out[0..3],
+// for the collapse) and lanes 4-7 the post weights. Only where `writes` does a lane store, so that other
+// groups of a warp may run it for the same token and keep every shuffle full-width.
 template <int kMixes, int kLanes>
 DSV4_DEVICE void epilogue_token(const MhcPreArgs& args, int64_t token, int group_lane, bool writes, float* pre_out) {
   static_assert(kLanes == kCombLanes || kLanes == 2 * kCombLanes, "16 or 32 lanes per token");
