@@ -78,9 +78,12 @@ def to(device, *tensors):
 
 
 SIZES = [pytest.param(t, h, id=f"T{t}-H{h}") for h in (4096, 7168) for t in (1, 7, 100, 128, 4096)]
-# Token counts at the GPU kernels' switches (src/hip/mhc/mhc.hip): fn split once by its own kernel from 193
-# tokens, 32 epilogue lanes per token from 33 k slices (1000 tokens), two tiles per warp from 2048 tokens.
-KERNEL_SWITCH_SIZES = [pytest.param(t, h, id=f"T{t}-H{h}") for t, h in ((193, 4096), (1000, 7168), (2048, 4096))]
+# Token counts at the GPU kernels' switches (src/hip/mhc/mhc.hip): the epilogue and collapse in one kernel up
+# to 64 tokens (with 16 epilogue lanes per token below 33 k slices: hidden 256), fn split once by its own
+# kernel from 193 tokens, 32 epilogue lanes per token from 33 k slices (1000 tokens), two tiles per warp
+# from 2048 tokens.
+KERNEL_SWITCH_SIZES = [pytest.param(t, h, id=f"T{t}-H{h}") for t, h in (
+    (5, 256), (64, 4096), (65, 7168), (193, 4096), (1000, 7168), (2048, 4096))]
 
 
 @pytest.mark.parametrize("device", DEVICES)
