@@ -123,8 +123,8 @@ __global__ void __launch_bounds__(kElementwiseThreads)
 #pragma unroll
     for (int mask = kGroupThreads / 2; mask >= 1; mask >>= 1) {
       amax = fmaxf(amax, shuffle_xor(amax, mask, kGroupThreads));
-      non_finite += shuffle_xor(non_finite, mask, kGroupThreads);
     }
+    non_finite = group_sum<kGroupThreads>(non_finite);
     const uint8_t byte = ue8m0_encode_rceil(amax, args.quant_max, kGroupAmaxFloor);
     const float inverse = ds_mla::ue8m0_inverse_scale(byte);
     // The usual group: finite, and its amax scaled (exactly, by a power of two) stays in range, so every

@@ -30,11 +30,11 @@ DSV4_HD constexpr bool fp8x2_uses_hardware() {
 #endif
 }
 
-// The paired conversion (lo -> bits 0..7, hi -> bits 8..15), rounding to nearest even, with the FNUZ
-// signed zero made +0. NVIDIA's instruction saturates to the largest finite; AMD's does not, so kSaturate
-// bounds the values first there (fp8_encode_amdgcn's rule). NaN inputs give unspecified codes: callers
-// that can see NaN select the NaN code themselves. Only called where fp8x2_uses_hardware<F>().
-template <Fp8Format F, bool kSaturate>
+// The paired conversion (lo -> bits 0..7, hi -> bits 8..15) of values within the format's finite range,
+// rounding to nearest even, with the FNUZ signed zero made +0. (AMD's instruction does not saturate, so
+// callers bound the values first.) NaN inputs give unspecified codes: callers that can see NaN select the
+// NaN code themselves. Only called where fp8x2_uses_hardware<F>().
+template <Fp8Format F>
 DSV4_HD uint32_t fp8x2_convert(float lo, float hi) {
 #if defined(DSV4_FP8X2_NVIDIA)
   uint16_t packed;  // the second source lands in the low byte
@@ -42,10 +42,6 @@ DSV4_HD uint32_t fp8x2_convert(float lo, float hi) {
   return packed;
 #elif defined(DSV4_FP8X2_AMDGCN)
   using T = Fp8Traits<F>;
-  if constexpr (kSaturate) {
-    lo = __builtin_fminf(__builtin_fmaxf(lo, -T::kMaxFinite), T::kMaxFinite);
-    hi = __builtin_fminf(__builtin_fmaxf(hi, -T::kMaxFinite), T::kMaxFinite);
-  }
   const uint32_t packed = static_cast<uint32_t>(__builtin_amdgcn_cvt_pk_fp8_f32(lo, hi, 0, false));
   uint32_t code_lo = packed & 0xffu;
   uint32_t code_hi = (packed >> 8) & 0xffu;
@@ -65,11 +61,12 @@ template <Fp8Format F>
 DSV4_HD uint32_t fp8x2_encode_clamped(float lo, float hi, float quant_max) {
   if constexpr (fp8x2_uses_hardware<F>()) {
     using T = Fp8Traits<F>;
-    // The quantizer's clamp as one min and one max per value (NaN comes out of it as a bound, so NaN is
-    // given its code afterwards, off the common path): a clamp that kept NaN took three times the
-    // instructions, which full-cache Q quantization at prefill sizes is bound by.
-    uint32_t packed = fp8x2_convert<F, true>(fminf(fmaxf(lo, -quant_max), quant_max),
-                                             fminf(fmaxf(hi, -quant_max), quant_max));
+    // The quantizer's clamp and the format's saturation as one min and one max per value, to the smaller
+    // bound (NaN comes out of them as a bound, so NaN is given its code afterwards, off the common path): a
+    // clamp that kept NaN took three times the instructions, which full-cache Q quantization at prefill
+    // sizes is bound by.
+    const float bound = fminf(quant_max, T::kMaxFinite);
+    uint32_t packed = fp8x2_convert<F>(fminf(fmaxf(lo, -bound), bound), fminf(fmaxf(hi, -bound), bound));
     if (lo != lo || hi != hi) {
       packed = (lo != lo ? T::kNaNCode : (packed & 0xffu)) | ((hi != hi ? T::kNaNCode : (packed >> 8)) << 8);
     }
@@ -85,7 +82,7 @@ DSV4_HD uint32_t fp8x2_encode_clamped(float lo, float hi, float quant_max) {
 // group's amax) saves most of the per-value instructions.
 template <Fp8Format F>
 DSV4_HD uint32_t fp8x2_encode_in_range(float lo, float hi, float quant_max) {
-  if constexpr (fp8x2_uses_hardware<F>()) return fp8x2_convert<F, false>(lo, hi);
+  if constexpr (fp8x2_uses_hardware<F>()) return fp8x2_convert<F>(lo, hi);
   return fp8x2_encode_clamped<F>(lo, hi, quant_max);
 }
 
