@@ -1,5 +1,6 @@
 // dsv4::fp8_encode: fp32/bf16 -> FP8 e4m3 bytes in the requested encoding, clamped to +-quant_max.
 // Uses the chip's conversion instruction where it has one for the encoding (dsv4/fp8.h).
+#include "dsv4/bf16.h"
 #include "dsv4/launch.h"
 #include "fp8_launchers.h"
 
@@ -24,13 +25,7 @@ __global__ void fp8_encode_vector_kernel(const void* __restrict__ x, uint8_t* __
   for (int64_t g = global_thread_index(); g < groups; g += global_thread_count()) {
     float values[kVector];
     if constexpr (In == FloatKind::kBFloat16) {
-      const uint4 raw = reinterpret_cast<const uint4*>(x)[g];
-      const uint32_t words[4] = {raw.x, raw.y, raw.z, raw.w};
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        values[2 * j] = bf16_bits_to_float(static_cast<uint16_t>(words[j] & 0xffffu));
-        values[2 * j + 1] = bf16_bits_to_float(static_cast<uint16_t>(words[j] >> 16));
-      }
+      unpack_bf16x8(reinterpret_cast<const uint4*>(x)[g], values);
     } else {
       const float4 a = reinterpret_cast<const float4*>(x)[2 * g];
       const float4 b = reinterpret_cast<const float4*>(x)[2 * g + 1];

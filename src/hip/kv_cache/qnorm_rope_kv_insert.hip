@@ -11,6 +11,7 @@
 // A job issues its row load together with its position load, never behind it: the row is read whatever
 // the position (it is in bounds) and whether to use it is decided once both are in flight. Each group
 // loops over jobs and issues the next job's loads before it computes and stores the current one.
+#include "dsv4/bf16.h"
 #include "dsv4/fp8x2.h"
 #include "dsv4/launch.h"
 #include "dsv4/rope.h"
@@ -46,24 +47,8 @@ DSV4_DEVICE RawShare load_share(const uint16_t* row, int lane) {
 DSV4_DEVICE Share unpack_share(const RawShare& raw) {
   Share s;
 #pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const uint32_t words[4] = {raw.piece[h].x, raw.piece[h].y, raw.piece[h].z, raw.piece[h].w};
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      s.v[h][2 * j] = bf16_bits_to_float(static_cast<uint16_t>(words[j] & 0xffffu));
-      s.v[h][2 * j + 1] = bf16_bits_to_float(static_cast<uint16_t>(words[j] >> 16));
-    }
-  }
+  for (int h = 0; h < 2; ++h) unpack_bf16x8(raw.piece[h], s.v[h]);
   return s;
-}
-
-DSV4_DEVICE uint4 pack_bf16x8(const float* values) {
-  uint32_t words[4];
-#pragma unroll
-  for (int j = 0; j < 4; ++j) {
-    words[j] = float_to_bf16_bits(values[2 * j]) | (static_cast<uint32_t>(float_to_bf16_bits(values[2 * j + 1])) << 16);
-  }
-  return make_uint4(words[0], words[1], words[2], words[3]);
 }
 
 // Row of bf16 (element pointer) or of FP8 bytes.

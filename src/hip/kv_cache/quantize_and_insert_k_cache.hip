@@ -2,6 +2,7 @@
 // 64 threads per token, 8 dims each: threads 0..55 hold the NoPE dims (8 per 64-dim quant block, whose
 // amax is a butterfly over those 8 lanes), threads 56..63 copy the bf16 RoPE tail. 16-byte loads and
 // 8/16-byte stores; the bindings require 16-byte aligned rows and blocks.
+#include "dsv4/bf16.h"
 #include "dsv4/launch.h"
 #include "kv_cache_launchers.h"
 
@@ -23,13 +24,8 @@ __global__ void __launch_bounds__(kElementwiseThreads) quantize_and_insert_kerne
     const int64_t slot = args.slot_mapping[token];
     if (slot < 0 || slot >= args.cache.capacity()) continue;
     const uint4 raw = *reinterpret_cast<const uint4*>(args.k + token * args.k_row_stride + lane * kDimsPerThread);
-    const uint32_t words[4] = {raw.x, raw.y, raw.z, raw.w};
     float values[kDimsPerThread];
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      values[2 * j] = bf16_bits_to_float(static_cast<uint16_t>(words[j] & 0xffffu));
-      values[2 * j + 1] = bf16_bits_to_float(static_cast<uint16_t>(words[j] >> 16));
-    }
+    unpack_bf16x8(raw, values);
     float amax = 0.0f;  // fmaxf ignores NaN lanes
 #pragma unroll
     for (int j = 0; j < kDimsPerThread; ++j) amax = fmaxf(amax, fabsf(values[j]));

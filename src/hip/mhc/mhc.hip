@@ -452,15 +452,6 @@ DSV4_DEVICE void collapse8(const uint16_t* residual, int64_t hidden, int64_t v, 
   }
 }
 
-DSV4_DEVICE uint4 pack_bf16x8(const float* values) {
-  uint32_t words[4];
-#pragma unroll
-  for (int j = 0; j < 4; ++j) {
-    words[j] = float_to_bf16_bits(values[2 * j]) | (static_cast<uint32_t>(float_to_bf16_bits(values[2 * j + 1])) << 16);
-  }
-  return make_uint4(words[0], words[1], words[2], words[3]);
-}
-
 // layer_input of one token by the whole block, from its pre weights.
 DSV4_DEVICE void collapse_token(const MhcPreArgs& args, int64_t token, const float (&pre)[mhc::kHcMult],
                                 float* scratch) {
@@ -535,24 +526,10 @@ __global__ void __launch_bounds__(kThreads) mhc_post_kernel(MhcPostArgs args) {
     const uint16_t* residual = args.residual + token * kStreams * args.hidden + 8 * v;
     float x[8];
     float streams[kStreams][8];
-    {
-      const uint4 raw = *reinterpret_cast<const uint4*>(args.x + token * args.hidden + 8 * v);
-      const uint32_t words[4] = {raw.x, raw.y, raw.z, raw.w};
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        x[2 * j] = bf16_bits_to_float(static_cast<uint16_t>(words[j] & 0xffffu));
-        x[2 * j + 1] = bf16_bits_to_float(static_cast<uint16_t>(words[j] >> 16));
-      }
-    }
+    unpack_bf16x8(*reinterpret_cast<const uint4*>(args.x + token * args.hidden + 8 * v), x);
 #pragma unroll
     for (int i = 0; i < kStreams; ++i) {
-      const uint4 raw = *reinterpret_cast<const uint4*>(residual + i * args.hidden);
-      const uint32_t words[4] = {raw.x, raw.y, raw.z, raw.w};
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        streams[i][2 * j] = bf16_bits_to_float(static_cast<uint16_t>(words[j] & 0xffffu));
-        streams[i][2 * j + 1] = bf16_bits_to_float(static_cast<uint16_t>(words[j] >> 16));
-      }
+      unpack_bf16x8(*reinterpret_cast<const uint4*>(residual + i * args.hidden), streams[i]);
     }
     uint16_t* out = args.out + token * kStreams * args.hidden + 8 * v;
 #pragma unroll
