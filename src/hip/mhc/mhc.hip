@@ -49,6 +49,9 @@ constexpr int kWideEpilogueMinSplits = 33;
 constexpr int kMaxSplits = 128;
 // Tokens up to which one kernel runs each token's epilogue and collapse (decode): a launch saved.
 constexpr int64_t kMergedEpilogueMaxTokens = 64;
+// Rounds of each thread's collapse vectors that kernel loads before the epilogue: all of them up to
+// hidden 8192 (4 rounds of 256 threads x 8 values).
+constexpr int kCollapsePrefetchRounds = 4;
 
 // 4 consecutive fp32 values split into three bf16 planes (hi, mid, lo), each packed as 4 bf16.
 DSV4_DEVICE void split_planes(const float4& v, uint2 (&planes)[kSplitPlanes]) {
@@ -436,14 +439,21 @@ DSV4_DEVICE float block_sum(float value, float* scratch) {
   return total;
 }
 
-// 8 collapsed values of hidden dims [8v, 8v+8): sum_i pre_i * residual_i.
-DSV4_DEVICE void collapse8(const uint16_t* residual, int64_t hidden, int64_t v, const float* pre, float* out) {
+// The 4 streams' bf16 values at hidden dims [8v, 8v+8) of one token.
+using StreamVectors = uint4[mhc::kHcMult];
+
+DSV4_DEVICE void load_stream_vectors(const uint16_t* residual, int64_t hidden, int64_t v, StreamVectors& raw) {
+#pragma unroll
+  for (int i = 0; i < mhc::kHcMult; ++i) raw[i] = *reinterpret_cast<const uint4*>(residual + i * hidden + 8 * v);
+}
+
+// 8 collapsed values from the streams' values there: sum_i pre_i * residual_i.
+DSV4_DEVICE void collapse8(const StreamVectors& raw, const float* pre, float* out) {
 #pragma unroll
   for (int j = 0; j < 8; ++j) out[j] = 0.0f;
 #pragma unroll
   for (int i = 0; i < mhc::kHcMult; ++i) {
-    const uint4 raw = *reinterpret_cast<const uint4*>(residual + i * hidden + 8 * v);
-    const uint32_t words[4] = {raw.x, raw.y, raw.z, raw.w};
+    const uint32_t words[4] = {raw[i].x, raw[i].y, raw[i].z, raw[i].w};
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
       out[2 * j] += pre[i] * bf16_bits_to_float(static_cast<uint16_t>(words[j] & 0xffffu));
@@ -452,26 +462,62 @@ DSV4_DEVICE void collapse8(const uint16_t* residual, int64_t hidden, int64_t v, 
   }
 }
 
-// layer_input of one token by the whole block, from its pre weights.
+// A thread's vectors of its first kRounds rounds (v = threadIdx.x + round * kThreads), loaded ahead.
+template <int kRounds>
+struct PrefetchedVectors {
+  StreamVectors raw[kRounds];
+};
+template <>
+struct PrefetchedVectors<0> {};
+
+template <int kRounds>
+DSV4_DEVICE void prefetch_vectors(const uint16_t* residual, int64_t hidden, PrefetchedVectors<kRounds>& prefetched) {
+#pragma unroll
+  for (int round = 0; round < kRounds; ++round) {
+    const int64_t v = threadIdx.x + round * kThreads;
+    if (v < hidden / 8) load_stream_vectors(residual, hidden, v, prefetched.raw[round]);
+  }
+}
+
+// layer_input of one token by the whole block, from its pre weights; the thread's first kRounds rounds of
+// vectors come in `prefetched`, the others are loaded here.
+template <int kRounds>
 DSV4_DEVICE void collapse_token(const MhcPreArgs& args, int64_t token, const float (&pre)[mhc::kHcMult],
-                                float* scratch) {
+                                float* scratch, const PrefetchedVectors<kRounds>& prefetched) {
   const uint16_t* residual = args.residual + token * mhc::kHcMult * args.hidden;
   uint16_t* out = args.out + token * args.hidden;
   const int64_t vectors = args.hidden / 8;
+  // visit(v, collapsed values) for each of the thread's vectors; the prefetched rounds unrolled, so that
+  // their registers stay registers.
+  const auto for_each_vector = [&](auto&& visit) {
+    float values[8];
+    if constexpr (kRounds > 0) {
+#pragma unroll
+      for (int round = 0; round < kRounds; ++round) {
+        const int64_t v = threadIdx.x + round * kThreads;
+        if (v < vectors) {
+          collapse8(prefetched.raw[round], pre, values);
+          visit(v, values);
+        }
+      }
+    }
+    for (int64_t v = threadIdx.x + kRounds * kThreads; v < vectors; v += kThreads) {
+      StreamVectors raw;
+      load_stream_vectors(residual, args.hidden, v, raw);
+      collapse8(raw, pre, values);
+      visit(v, values);
+    }
+  };
   float norm = 1.0f;
   if (args.norm_weight != nullptr) {  // a first pass for the RMS of the collapsed row
     float squares = 0.0f;
-    for (int64_t v = threadIdx.x; v < vectors; v += kThreads) {
-      float values[8];
-      collapse8(residual, args.hidden, v, pre, values);
+    for_each_vector([&](int64_t, float(&values)[8]) {
 #pragma unroll
       for (int j = 0; j < 8; ++j) squares += values[j] * values[j];
-    }
+    });
     norm = mhc::rms_factor(block_sum(squares, scratch), args.hidden, args.norm_eps);
   }
-  for (int64_t v = threadIdx.x; v < vectors; v += kThreads) {
-    float values[8];
-    collapse8(residual, args.hidden, v, pre, values);
+  for_each_vector([&](int64_t v, float(&values)[8]) {
     if (args.norm_weight != nullptr) {
       const uint4 raw = *reinterpret_cast<const uint4*>(args.norm_weight + 8 * v);
       const uint32_t words[4] = {raw.x, raw.y, raw.z, raw.w};
@@ -482,7 +528,7 @@ DSV4_DEVICE void collapse_token(const MhcPreArgs& args, int64_t token, const flo
       }
     }
     *reinterpret_cast<uint4*>(out + 8 * v) = pack_bf16x8(values);
-  }
+  });
 }
 
 // One block per token: layer_input from the pre weights of the epilogue kernel.
@@ -492,7 +538,7 @@ __global__ void __launch_bounds__(kThreads) mhc_collapse_kernel(MhcPreArgs args,
   float pre[mhc::kHcMult];
 #pragma unroll
   for (int i = 0; i < mhc::kHcMult; ++i) pre[i] = pre_weights[token * mhc::kHcMult + i];
-  collapse_token(args, token, pre, scratch);
+  collapse_token(args, token, pre, scratch, PrefetchedVectors<0>{});
 }
 
 // One block per token: its epilogue (by the first warp, whose lane groups all run it so that its shuffles
@@ -503,6 +549,9 @@ __global__ void __launch_bounds__(kThreads) mhc_epilogue_collapse_kernel(MhcPreA
   __shared__ float scratch[kThreads / kHalfLanes];
   __shared__ float pre_shared[mhc::kHcMult];
   const int64_t token = blockIdx.x;
+  // The collapse's stream values do not depend on the epilogue: loaded first, their latency overlaps it.
+  PrefetchedVectors<kCollapsePrefetchRounds> prefetched;
+  prefetch_vectors(args.residual + token * mhc::kHcMult * args.hidden, args.hidden, prefetched);
   if (threadIdx.x < kWarpSize) {
     epilogue_token<kMixes, kLanes>(args, token, threadIdx.x % kLanes, threadIdx.x < kLanes, pre_shared);
   }
@@ -510,7 +559,7 @@ __global__ void __launch_bounds__(kThreads) mhc_epilogue_collapse_kernel(MhcPreA
   float pre[mhc::kHcMult];
 #pragma unroll
   for (int i = 0; i < mhc::kHcMult; ++i) pre[i] = pre_shared[i];
-  collapse_token(args, token, pre, scratch);
+  collapse_token(args, token, pre, scratch, prefetched);
 }
 
 __global__ void __launch_bounds__(kThreads) mhc_post_kernel(MhcPostArgs args) {
