@@ -184,8 +184,9 @@ Tensor mhc_post(const Tensor& x, const Tensor& residual, const Tensor& post_mix,
 }
 
 // post, then the next sub-layer's pre on the bf16 new residual: the same result as the unfused pair, in one
-// call. (A one-pass GPU kernel that fed the post values straight into the pre's dot products measured
-// slower than the post kernel followed by the pre kernels on the H200: it holds too many registers.)
+// call. (One-pass GPU forms that fed the post values straight into the pre's dot products measured slower
+// than the post kernel followed by the pre kernels on the H200: at many tokens they hold too many registers,
+// and for a few tokens the longer load chain of each chunk cost what the saved launch gained.)
 std::tuple<Tensor, Tensor, Tensor, Tensor> mhc_fused_post_pre(
     const Tensor& x, const Tensor& residual, const Tensor& post_mix, const Tensor& comb_mix, const Tensor& fn,
     const Tensor& scale, const Tensor& base, double rms_eps, double pre_eps, double sinkhorn_eps, double post_mult,
@@ -213,10 +214,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> mhc_fused_post_pre(
         cpu::mhc_post(post, b, e);
         cpu::mhc_pre(pre, b, e);
       },
-      [&]([[maybe_unused]] void* stream) {
-        const LaunchStatus status = DSV4_GPU_LAUNCH(gpu::launch_mhc_post(post, stream));
-        return status == LaunchStatus::kOk ? DSV4_GPU_LAUNCH(gpu::launch_mhc_pre(pre, stream)) : status;
-      },
+      [&]([[maybe_unused]] void* stream) { return DSV4_GPU_LAUNCH(gpu::launch_mhc_fused_post_pre(post, pre, stream)); },
       /*cpu_grain=*/1);
   return {new_residual, post_out, comb_out, layer_input};
 }

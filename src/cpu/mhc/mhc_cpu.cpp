@@ -69,6 +69,10 @@ void mhc_post(const MhcPostArgs& args, int64_t begin, int64_t end) {
   for (int64_t t = begin; t < end; ++t) {
     const float* post = args.post_mix + t * kStreams;
     const float* comb = args.comb_mix + t * kStreams * kStreams;
+    float comb_columns[kStreams][kStreams];
+    for (int i = 0; i < kStreams; ++i) {
+      for (int j = 0; j < kStreams; ++j) comb_columns[j][i] = comb[i * kStreams + j];
+    }
     const uint16_t* x = args.x + t * args.hidden;
     const uint16_t* residual = args.residual + t * kStreams * args.hidden;
     uint16_t* out = args.out + t * kStreams * args.hidden;
@@ -77,9 +81,7 @@ void mhc_post(const MhcPostArgs& args, int64_t begin, int64_t end) {
       for (int i = 0; i < kStreams; ++i) streams[i] = bf16_bits_to_float(residual[i * args.hidden + h]);
       const float xv = bf16_bits_to_float(x[h]);
       for (int j = 0; j < kStreams; ++j) {
-        float v = post[j] * xv;
-        for (int i = 0; i < kStreams; ++i) v += comb[i * kStreams + j] * streams[i];
-        out[j * args.hidden + h] = float_to_bf16_bits(v);
+        out[j * args.hidden + h] = float_to_bf16_bits(mhc::post_value(post[j], xv, comb_columns[j], streams));
       }
     }
   }

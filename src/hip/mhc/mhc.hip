@@ -49,6 +49,10 @@ constexpr int kWideEpilogueMinSplits = 33;
 constexpr int kMaxSplits = 128;
 // Tokens up to which one kernel runs each token's epilogue and collapse (decode): a launch saved.
 constexpr int64_t kMergedEpilogueMaxTokens = 64;
+// Tokens up to which the kernels are launched to overlap the one before them (launch_overlapping): each
+// waits for it before reading, and the launch latency between short kernels is hidden. Larger grids
+// launch plainly: blocks that wait would hold multiprocessors the kernel before still needs.
+constexpr int64_t kChainedMaxTokens = 64;
 // Rounds of each thread's collapse vectors that kernel loads before the epilogue: all of them up to
 // hidden 8192 (4 rounds of 256 threads x 8 values).
 constexpr int kCollapsePrefetchRounds = 4;
@@ -240,6 +244,9 @@ __global__ void __launch_bounds__(kDotsWarps * kWarpSize) mhc_dots_kernel(MhcPre
   const auto k_of = [&](int64_t step) { return (slice.first + step) * tile::kChunk; };
   const int64_t warp_token =
       static_cast<int64_t>(blockIdx.x) * dots_block_tokens(kDotsTilesPerWarp) + warp * kDotsTilesPerWarp * tile::kRows;
+  // Launched to overlap the kernel before (decode sizes): nothing is read before its end.
+  wait_for_previous_kernel();
+  release_dependents();
 
   const uint16_t* rows[kDotsTilesPerWarp][tile::kRowsPerLane];
   bool valid[kDotsTilesPerWarp][tile::kRowsPerLane];
@@ -549,9 +556,12 @@ __global__ void __launch_bounds__(kThreads) mhc_epilogue_collapse_kernel(MhcPreA
   __shared__ float scratch[kThreads / kHalfLanes];
   __shared__ float pre_shared[mhc::kHcMult];
   const int64_t token = blockIdx.x;
-  // The collapse's stream values do not depend on the epilogue: loaded first, their latency overlaps it.
+  // The collapse's stream values do not depend on the epilogue, nor on the dots kernel before it (which
+  // releases this kernel only once the residual's writer has finished): loaded first, their latency
+  // overlaps the dots kernel's end and the epilogue.
   PrefetchedVectors<kCollapsePrefetchRounds> prefetched;
   prefetch_vectors(args.residual + token * mhc::kHcMult * args.hidden, args.hidden, prefetched);
+  wait_for_previous_kernel();  // the partial sums
   if (threadIdx.x < kWarpSize) {
     epilogue_token<kMixes, kLanes>(args, token, threadIdx.x % kLanes, threadIdx.x < kLanes, pre_shared);
   }
@@ -564,6 +574,11 @@ __global__ void __launch_bounds__(kThreads) mhc_epilogue_collapse_kernel(MhcPreA
 
 __global__ void __launch_bounds__(kThreads) mhc_post_kernel(MhcPostArgs args) {
   constexpr int kStreams = mhc::kHcMult;
+  // Launched to overlap the kernel before (decode sizes): nothing is read before its end. It releases the
+  // kernel after it as its blocks exit, not at their start: releasing early made mhc_fused_post_pre at
+  // T = 64 slower on the H200 (Flash 15.3 -> 18.8 us, Pro 18.5 -> 24.9), probably because the dots blocks,
+  // launched early, crowd onto the few multiprocessors the post leaves free.
+  wait_for_previous_kernel();
   const int64_t vectors_per_token = args.hidden / 8;
   const int64_t vectors = args.tokens * vectors_per_token;
   for (int64_t index = global_thread_index(); index < vectors; index += global_thread_count()) {
@@ -583,13 +598,16 @@ __global__ void __launch_bounds__(kThreads) mhc_post_kernel(MhcPostArgs args) {
     uint16_t* out = args.out + token * kStreams * args.hidden + 8 * v;
 #pragma unroll
     for (int j_stream = 0; j_stream < kStreams; ++j_stream) {
+      float comb_column[kStreams];
+#pragma unroll
+      for (int i = 0; i < kStreams; ++i) comb_column[i] = comb[i * kStreams + j_stream];
       float values[8];
 #pragma unroll
       for (int d = 0; d < 8; ++d) {
-        float value = post[j_stream] * x[d];
+        float sources[kStreams];
 #pragma unroll
-        for (int i = 0; i < kStreams; ++i) value += comb[i * kStreams + j_stream] * streams[i][d];
-        values[d] = value;
+        for (int i = 0; i < kStreams; ++i) sources[i] = streams[i][d];
+        values[d] = mhc::post_value(post[j_stream], x[d], comb_column, sources);
       }
       *reinterpret_cast<uint4*>(out + j_stream * args.hidden) = pack_bf16x8(values);
     }
@@ -651,15 +669,20 @@ void launch_pre_kernels(const MhcPreArgs& args, hipStream_t stream) {
   } else {
     // One tile per warp: two start past the presplit threshold, so token_blocks() counted one-tile blocks.
     static_assert(kTwoTileMinTokens / dots_block_tokens(2) >= kPresplitMinTokenBlocks, "two tiles only presplit");
-    hipLaunchKernelGGL((mhc_dots_kernel<kMixes, false, 1>), dots_grid, dots_block, 0, stream, args,
-                       static_cast<const FnChunk<kMixes>*>(nullptr));
+    const auto* no_split_fn = static_cast<const FnChunk<kMixes>*>(nullptr);
+    if (args.tokens <= kChainedMaxTokens) {
+      launch_overlapping(mhc_dots_kernel<kMixes, false, 1>, dots_grid, dots_block, stream, args, no_split_fn);
+    } else {
+      hipLaunchKernelGGL((mhc_dots_kernel<kMixes, false, 1>), dots_grid, dots_block, 0, stream, args, no_split_fn);
+    }
   }
   if (args.tokens <= kMergedEpilogueMaxTokens) {
+    static_assert(kMergedEpilogueMaxTokens <= kChainedMaxTokens, "the one-kernel epilogue waits for the dots");
     const dim3 grid(static_cast<unsigned>(args.tokens));
     if (args.k_splits >= kWideEpilogueMinSplits) {
-      hipLaunchKernelGGL((mhc_epilogue_collapse_kernel<kMixes, 2 * kCombLanes>), grid, dim3(kThreads), 0, stream, args);
+      launch_overlapping(mhc_epilogue_collapse_kernel<kMixes, 2 * kCombLanes>, grid, dim3(kThreads), stream, args);
     } else {
-      hipLaunchKernelGGL((mhc_epilogue_collapse_kernel<kMixes, kCombLanes>), grid, dim3(kThreads), 0, stream, args);
+      launch_overlapping(mhc_epilogue_collapse_kernel<kMixes, kCombLanes>, grid, dim3(kThreads), stream, args);
     }
     return;
   }
@@ -683,6 +706,17 @@ bool valid_pre(const MhcPreArgs& args) {
          reinterpret_cast<uintptr_t>(args.partials) % 16 == 0 &&
          args.k_splits == mhc_pre_k_splits(args.tokens, args.hidden) &&
          (args.mixes == mhc::kPreMixes || args.mixes == mhc::kHeadMixes);
+}
+
+bool valid_post(const MhcPostArgs& args) { return args.tokens >= 0 && args.hidden > 0 && args.hidden % 8 == 0; }
+
+void launch_post_kernel(const MhcPostArgs& args, hipStream_t stream) {
+  const dim3 grid(elementwise_blocks(args.tokens * (args.hidden / 8)));
+  if (args.tokens <= kChainedMaxTokens) {
+    launch_overlapping(mhc_post_kernel, grid, dim3(kThreads), stream, args);
+  } else {
+    hipLaunchKernelGGL(mhc_post_kernel, grid, dim3(kThreads), 0, stream, args);
+  }
 }
 
 }  // namespace
@@ -716,11 +750,20 @@ LaunchStatus launch_mhc_pre(const MhcPreArgs& args, void* stream) {
 }
 
 LaunchStatus launch_mhc_post(const MhcPostArgs& args, void* stream) {
-  if (args.tokens < 0 || args.hidden <= 0 || args.hidden % 8 != 0) return LaunchStatus::kInvalidArgument;
-  const int64_t vectors = args.tokens * (args.hidden / 8);
-  if (vectors == 0) return LaunchStatus::kOk;
-  hipLaunchKernelGGL(mhc_post_kernel, dim3(elementwise_blocks(vectors)), dim3(kThreads), 0,
-                     static_cast<hipStream_t>(stream), args);
+  if (!valid_post(args)) return LaunchStatus::kInvalidArgument;
+  if (args.tokens == 0) return LaunchStatus::kOk;
+  launch_post_kernel(args, static_cast<hipStream_t>(stream));
+  return last_launch_status();
+}
+
+LaunchStatus launch_mhc_fused_post_pre(const MhcPostArgs& post, const MhcPreArgs& pre, void* stream) {
+  const bool chained = pre.mixes == mhc::kPreMixes && post.tokens == pre.tokens && post.hidden == pre.hidden &&
+                       post.out == pre.residual;
+  if (!chained || !valid_post(post) || !valid_pre(pre)) return LaunchStatus::kInvalidArgument;
+  if (pre.tokens == 0) return LaunchStatus::kOk;
+  auto hip_stream = static_cast<hipStream_t>(stream);
+  launch_post_kernel(post, hip_stream);
+  launch_pre_kernels<mhc::kPreMixes>(pre, hip_stream);
   return last_launch_status();
 }
 

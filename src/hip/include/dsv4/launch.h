@@ -59,6 +59,46 @@ int64_t one_wave_blocks(int threads) {
   return blocks;
 }
 
+// Programmatic dependent launch (NVIDIA sm_90 and later): a kernel launched with launch_overlapping() may
+// start while the kernel before it on the stream is still running, once every block of that kernel has
+// called release_dependents() or exited; it saves a launch's latency between short kernels. Before the
+// dependent reads anything that kernel wrote, or writes anything at all, it calls
+// wait_for_previous_kernel(), which returns once that kernel has finished and its writes are visible (at
+// once for a plain launch). A kernel calls release_dependents() only once everything it depends on has
+// finished (at its start after a plain launch, after its wait otherwise), so that what a dependent reads
+// before its own wait, other than the releasing kernel's output, is complete. With HIP the launch is plain
+// and both calls do nothing.
+template <typename... Params, typename... Args>
+void launch_overlapping(void (*kernel)(Params...), dim3 grid, dim3 block, hipStream_t stream, const Args&... args) {
+#if defined(__HIPCC__)
+  hipLaunchKernelGGL(kernel, grid, block, 0, stream, args...);
+#else
+  cudaLaunchAttribute attribute{};
+  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute.val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t config{};
+  config.gridDim = grid;
+  config.blockDim = block;
+  config.dynamicSmemBytes = 0;
+  config.stream = stream;
+  config.attrs = &attribute;
+  config.numAttrs = 1;
+  (void)cudaLaunchKernelEx(&config, kernel, args...);  // an error stays for last_launch_status()
+#endif
+}
+
+DSV4_DEVICE void wait_for_previous_kernel() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+DSV4_DEVICE void release_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
 inline LaunchStatus last_launch_status() {
   return hipGetLastError() == hipSuccess ? LaunchStatus::kOk : LaunchStatus::kLaunchFailed;
 }

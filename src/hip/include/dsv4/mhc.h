@@ -92,6 +92,15 @@ DSV4_UNROLL
   }
 }
 
+// spec §3 for one value of a destination stream j: post_j * x + sum_i comb[i][j] * stream_i in fp32, in this
+// order; comb_column[i] = comb[i][j] (the source stream indexes comb's rows).
+DSV4_HD float post_value(float post_j, float x, const float* comb_column, const float* streams) {
+  float value = post_j * x;
+DSV4_UNROLL
+  for (int i = 0; i < kHcMult; ++i) value += comb_column[i] * streams[i];
+  return value;
+}
+
 // spec §2 steps 1-5 from dots[24] = x . fn^T and the sum of squares of x (count = 4 * hidden values):
 // pre[4], post[4] and comb[16].
 DSV4_HD void pre_epilogue(const float* dots, float sum_of_squares, int64_t count, const float* scale,
