@@ -671,7 +671,7 @@ void launch_pre_kernels(const MhcPreArgs& args, hipStream_t stream) {
     static_assert(kTwoTileMinTokens / dots_block_tokens(2) >= kPresplitMinTokenBlocks, "two tiles only presplit");
     const auto* no_split_fn = static_cast<const FnChunk<kMixes>*>(nullptr);
     if (args.tokens <= kChainedMaxTokens) {
-      launch_overlapping(mhc_dots_kernel<kMixes, false, 1>, dots_grid, dots_block, stream, args, no_split_fn);
+      launch_overlapping(mhc_dots_kernel<kMixes, false, 1>, dots_grid, dots_block, 0, stream, args, no_split_fn);
     } else {
       hipLaunchKernelGGL((mhc_dots_kernel<kMixes, false, 1>), dots_grid, dots_block, 0, stream, args, no_split_fn);
     }
@@ -680,9 +680,10 @@ void launch_pre_kernels(const MhcPreArgs& args, hipStream_t stream) {
     static_assert(kMergedEpilogueMaxTokens <= kChainedMaxTokens, "the one-kernel epilogue waits for the dots");
     const dim3 grid(static_cast<unsigned>(args.tokens));
     if (args.k_splits >= kWideEpilogueMinSplits) {
-      launch_overlapping(mhc_epilogue_collapse_kernel<kMixes, 2 * kCombLanes>, grid, dim3(kThreads), stream, args);
+      launch_overlapping(mhc_epilogue_collapse_kernel<kMixes, 2 * kCombLanes>, grid, dim3(kThreads), 0, stream,
+                         args);
     } else {
-      launch_overlapping(mhc_epilogue_collapse_kernel<kMixes, kCombLanes>, grid, dim3(kThreads), stream, args);
+      launch_overlapping(mhc_epilogue_collapse_kernel<kMixes, kCombLanes>, grid, dim3(kThreads), 0, stream, args);
     }
     return;
   }
@@ -713,7 +714,7 @@ bool valid_post(const MhcPostArgs& args) { return args.tokens >= 0 && args.hidde
 void launch_post_kernel(const MhcPostArgs& args, hipStream_t stream) {
   const dim3 grid(elementwise_blocks(args.tokens * (args.hidden / 8)));
   if (args.tokens <= kChainedMaxTokens) {
-    launch_overlapping(mhc_post_kernel, grid, dim3(kThreads), stream, args);
+    launch_overlapping(mhc_post_kernel, grid, dim3(kThreads), 0, stream, args);
   } else {
     hipLaunchKernelGGL(mhc_post_kernel, grid, dim3(kThreads), 0, stream, args);
   }

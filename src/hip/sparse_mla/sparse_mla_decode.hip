@@ -459,6 +459,9 @@ __global__ void DSV4_SPARSE_MLA_BOUNDS sparse_mla_partial_kernel(SparseMlaDecode
   const int64_t h0 = static_cast<int64_t>(blockIdx.y) * kRows;
   const int split = blockIdx.z;
   const int splits = gridDim.z;
+  // Launched to overlap the kernel before (launch_overlapping): nothing is read or written before its end.
+  // Blocks release the reduce kernel as they exit.
+  wait_for_previous_kernel();
 
   // The row's key list: main positions [0, main_count), then extra ones.
   const int64_t main_begin = args.main.row_begin(t);
@@ -759,6 +762,7 @@ __global__ void DSV4_SPARSE_MLA_BOUNDS sparse_mla_partial_kernel(SparseMlaDecode
 __global__ void __launch_bounds__(kReduceThreads) sparse_mla_reduce_kernel(SparseMlaDecodeArgs args) {
   __shared__ float split_m[kMaxSplits];
   __shared__ float split_l[kMaxSplits];
+  wait_for_previous_kernel();  // the partial kernel's results (a launch overlapping its end)
   const int64_t t = blockIdx.x;
   const int64_t h = blockIdx.y;
   const int d0 = threadIdx.x * 4;
@@ -847,7 +851,7 @@ LaunchStatus launch_partial(const SparseMlaDecodeArgs& args, hipStream_t stream)
 #endif
   const dim3 grid(static_cast<unsigned>(args.tokens), static_cast<unsigned>((args.heads + kRows - 1) / kRows),
                   static_cast<unsigned>(args.num_splits));
-  hipLaunchKernelGGL((sparse_mla_partial_kernel<kGroups>), grid, dim3(kThreads), shared_bytes, stream, args);
+  launch_overlapping(sparse_mla_partial_kernel<kGroups>, grid, dim3(kThreads), shared_bytes, stream, args);
   return last_launch_status();
 #else
   (void)args, (void)stream;
@@ -920,7 +924,7 @@ LaunchStatus launch_sparse_mla_decode(const SparseMlaDecodeArgs& args, void* str
 #endif
   if (partial != LaunchStatus::kOk || args.num_splits == 1) return partial;
   const dim3 reduce_grid(static_cast<unsigned>(args.tokens), static_cast<unsigned>(args.heads));
-  hipLaunchKernelGGL(sparse_mla_reduce_kernel, reduce_grid, dim3(kReduceThreads), 0, hip_stream, args);
+  launch_overlapping(sparse_mla_reduce_kernel, reduce_grid, dim3(kReduceThreads), 0, hip_stream, args);
   return last_launch_status();
 }
 

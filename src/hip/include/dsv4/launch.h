@@ -69,9 +69,10 @@ int64_t one_wave_blocks(int threads) {
 // before its own wait, other than the releasing kernel's output, is complete. With HIP the launch is plain
 // and both calls do nothing.
 template <typename... Params, typename... Args>
-void launch_overlapping(void (*kernel)(Params...), dim3 grid, dim3 block, hipStream_t stream, const Args&... args) {
+void launch_overlapping(void (*kernel)(Params...), dim3 grid, dim3 block, size_t shared_bytes, hipStream_t stream,
+                        const Args&... args) {
 #if defined(__HIPCC__)
-  hipLaunchKernelGGL(kernel, grid, block, 0, stream, args...);
+  hipLaunchKernelGGL(kernel, grid, block, shared_bytes, stream, args...);
 #else
   cudaLaunchAttribute attribute{};
   attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
@@ -79,7 +80,7 @@ void launch_overlapping(void (*kernel)(Params...), dim3 grid, dim3 block, hipStr
   cudaLaunchConfig_t config{};
   config.gridDim = grid;
   config.blockDim = block;
-  config.dynamicSmemBytes = 0;
+  config.dynamicSmemBytes = shared_bytes;
   config.stream = stream;
   config.attrs = &attribute;
   config.numAttrs = 1;
