@@ -343,6 +343,7 @@ DSV4_DEVICE void fill_outside(float* out, int64_t c0, int64_t c1, int64_t start,
 
 template <int HT, int KS>
 __global__ void __launch_bounds__(kThreads, kMinBlocks) mqa_logits_mma_kernel(MqaLogitsArgs args, int64_t chunk) {
+  wait_for_previous_kernel();  // launched to overlap the kernel before it (launch_overlapping)
   const RowPlace p = row_place(/*reversed=*/true);
   if (p.row >= args.m) return;
   const int64_t c0 = static_cast<int64_t>(blockIdx.y) * chunk;
@@ -362,6 +363,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) mqa_logits_mma_kernel(Mq
 
 template <int HT, int KS>
 __global__ void __launch_bounds__(kThreads, kMinBlocks) paged_mqa_logits_mma_kernel(PagedMqaLogitsArgs args, int64_t chunk) {
+  wait_for_previous_kernel();  // launched to overlap the kernel before it (launch_overlapping)
   const RowPlace p = row_place(/*reversed=*/false);
   const int64_t rows = args.batch * args.next_n;
   if (p.row >= rows) return;
@@ -402,6 +404,7 @@ DSV4_DEVICE float scalar_logit(const uint8_t* q, int64_t head_stride, Fp8Format 
 }
 
 __global__ void __launch_bounds__(kElementwiseThreads) mqa_logits_scalar_kernel(MqaLogitsArgs args) {
+  wait_for_previous_kernel();  // launched to overlap the kernel before it (launch_overlapping)
   const int64_t total = args.m * args.n;
   for (int64_t e = global_thread_index(); e < total; e += global_thread_count()) {
     const IndexSplit rc = divide_index(e, args.n);
@@ -419,6 +422,7 @@ __global__ void __launch_bounds__(kElementwiseThreads) mqa_logits_scalar_kernel(
 }
 
 __global__ void __launch_bounds__(kElementwiseThreads) paged_mqa_logits_scalar_kernel(PagedMqaLogitsArgs args) {
+  wait_for_previous_kernel();  // launched to overlap the kernel before it (launch_overlapping)
   const int64_t total = args.batch * args.next_n * args.max_model_len;
   for (int64_t e = global_thread_index(); e < total; e += global_thread_count()) {
     const IndexSplit rc = divide_index(e, args.max_model_len);
@@ -475,7 +479,7 @@ LaunchStatus launch_mma(const Args& args, int64_t rows, int64_t width, void* str
 template <int HT, int KS>
 struct LaunchMqa {
   static void run(dim3 grid, const MqaLogitsArgs& args, int64_t chunk, void* stream) {
-    hipLaunchKernelGGL((mqa_logits_mma_kernel<HT, KS>), grid, dim3(kThreads), 0, static_cast<hipStream_t>(stream),
+    launch_overlapping(mqa_logits_mma_kernel<HT, KS>, grid, dim3(kThreads), 0, static_cast<hipStream_t>(stream),
                        args, chunk);
   }
 };
@@ -483,7 +487,7 @@ struct LaunchMqa {
 template <int HT, int KS>
 struct LaunchPaged {
   static void run(dim3 grid, const PagedMqaLogitsArgs& args, int64_t chunk, void* stream) {
-    hipLaunchKernelGGL((paged_mqa_logits_mma_kernel<HT, KS>), grid, dim3(kThreads), 0,
+    launch_overlapping(paged_mqa_logits_mma_kernel<HT, KS>, grid, dim3(kThreads), 0,
                        static_cast<hipStream_t>(stream), args, chunk);
   }
 };
@@ -504,7 +508,7 @@ LaunchStatus launch_fp8_mqa_logits(const MqaLogitsArgs& args, void* stream) {
   if (args.m < 0 || args.n < 0 || args.heads < 1 || args.dim < 1) return LaunchStatus::kInvalidArgument;
   if (args.m == 0 || args.n == 0) return LaunchStatus::kOk;
   if (mqa_logits_uses_mma(args)) return launch_mma<LaunchMqa>(args, args.m, args.n, stream);
-  hipLaunchKernelGGL(mqa_logits_scalar_kernel, dim3(elementwise_blocks(args.m * args.n)), dim3(kElementwiseThreads), 0,
+  launch_overlapping(mqa_logits_scalar_kernel, dim3(elementwise_blocks(args.m * args.n)), dim3(kElementwiseThreads), 0,
                      static_cast<hipStream_t>(stream), args);
   return last_launch_status();
 }
@@ -517,7 +521,7 @@ LaunchStatus launch_fp8_paged_mqa_logits(const PagedMqaLogitsArgs& args, void* s
   const int64_t rows = args.batch * args.next_n;
   if (rows == 0 || args.max_model_len == 0) return LaunchStatus::kOk;
   if (paged_mqa_logits_uses_mma(args)) return launch_mma<LaunchPaged>(args, rows, args.max_model_len, stream);
-  hipLaunchKernelGGL(paged_mqa_logits_scalar_kernel, dim3(elementwise_blocks(rows * args.max_model_len)),
+  launch_overlapping(paged_mqa_logits_scalar_kernel, dim3(elementwise_blocks(rows * args.max_model_len)),
                      dim3(kElementwiseThreads), 0, static_cast<hipStream_t>(stream), args);
   return last_launch_status();
 }

@@ -140,6 +140,7 @@ DSV4_DEVICE void find_coarse_bin(const uint32_t* coarse, uint32_t* thread_sums, 
 
 __global__ void __launch_bounds__(kTopkThreads) topk_per_row_kernel(TopkPerRowArgs args, int sort_size,
                                                                    int tie_capacity) {
+  wait_for_previous_kernel();  // launched to overlap the kernel before it (launch_overlapping)
   extern __shared__ __align__(16) unsigned long long region[];  // kRegionBytes
   unsigned long long* sorted = region;            // sort_size entries
   uint2* ties = reinterpret_cast<uint2*>(region + sort_size);  // tie_capacity (value key, column) pairs
@@ -314,7 +315,7 @@ LaunchStatus launch_topk_per_row(const TopkPerRowArgs& args, void* stream) {
   int sort_size = 1;
   while (sort_size < most) sort_size <<= 1;
   const int tie_capacity = kRegionBytes / static_cast<int>(sizeof(unsigned long long)) - sort_size;
-  hipLaunchKernelGGL(topk_per_row_kernel, dim3(static_cast<unsigned>(args.rows)), dim3(kTopkThreads), kRegionBytes,
+  launch_overlapping(topk_per_row_kernel, dim3(static_cast<unsigned>(args.rows)), dim3(kTopkThreads), kRegionBytes,
                      static_cast<hipStream_t>(stream), args, sort_size, tie_capacity);
   return last_launch_status();
 }

@@ -98,6 +98,7 @@ DSV4_DEVICE void finish_row(const RowLoad& load, uint16_t* out, int lane, const 
 // one wave (one_wave_blocks).
 template <Fp8Format F>
 __global__ void __launch_bounds__(kElementwiseThreads, 4) dequantize_and_gather_kernel(KvGatherArgs args) {
+  wait_for_previous_kernel();  // launched to overlap the kernel before it (launch_overlapping)
   __shared__ float decoded[256];
   for (int code = threadIdx.x; code < 256; code += blockDim.x) {
     decoded[code] = ds_mla::dequantize_nope_value<F>(static_cast<uint8_t>(code), 1.0f);
@@ -156,7 +157,7 @@ LaunchStatus launch_dequantize_and_gather_k_cache(const KvGatherArgs& args, void
     token_block_cap = token_block_cap > kMinTokenBlocks ? token_block_cap : kMinTokenBlocks;
     token_blocks = token_blocks < token_block_cap ? token_blocks : token_block_cap;
     const dim3 grid(static_cast<unsigned>(token_blocks), static_cast<unsigned>(request_blocks));
-    hipLaunchKernelGGL((dequantize_and_gather_kernel<kFormat>), grid, dim3(kElementwiseThreads), 0, hip_stream, args);
+    launch_overlapping(dequantize_and_gather_kernel<kFormat>, grid, dim3(kElementwiseThreads), 0, hip_stream, args);
   });
   return last_launch_status();
 }

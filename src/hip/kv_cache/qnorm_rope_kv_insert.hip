@@ -257,6 +257,7 @@ DSV4_DEVICE void finish_job(const QnormRopeKvInsertArgs& args, const Job& job, i
 // arguments would not fit the scalar registers otherwise).
 template <Fp8Format F, KvRowStore S>
 __global__ void __launch_bounds__(kElementwiseThreads) qnorm_rope_kv_insert_kernel(QnormRopeKvInsertArgs args) {
+  wait_for_previous_kernel();  // launched to overlap the kernel before it (launch_overlapping)
   const int lane = threadIdx.x % kGroupLanes;
   const int64_t groups = args.tokens * (args.padded_heads + 1);
   const int64_t group_count = static_cast<int64_t>(gridDim.x) * kGroupsPerBlock;
@@ -297,13 +298,13 @@ LaunchStatus launch_qnorm_rope_kv_insert(const QnormRopeKvInsertArgs& args, void
     const dim3 block(kElementwiseThreads);
     switch (args.kv_store) {
       case KvRowStore::kBf16Row:
-        hipLaunchKernelGGL(kBf16, grid(one_wave_blocks<kBf16>(kElementwiseThreads)), block, 0, hip_stream, args);
+        launch_overlapping(kBf16, grid(one_wave_blocks<kBf16>(kElementwiseThreads)), block, 0, hip_stream, args);
         break;
       case KvRowStore::kFp8Row:
-        hipLaunchKernelGGL(kFp8, grid(one_wave_blocks<kFp8>(kElementwiseThreads)), block, 0, hip_stream, args);
+        launch_overlapping(kFp8, grid(one_wave_blocks<kFp8>(kElementwiseThreads)), block, 0, hip_stream, args);
         break;
       default:
-        hipLaunchKernelGGL(kDsMla, grid(one_wave_blocks<kDsMla>(kElementwiseThreads)), block, 0, hip_stream, args);
+        launch_overlapping(kDsMla, grid(one_wave_blocks<kDsMla>(kElementwiseThreads)), block, 0, hip_stream, args);
         break;
     }
   });

@@ -17,6 +17,7 @@ constexpr int kLanesPerQuantBlock = ds_mla::kQuantBlock / kDimsPerThread;  // 8
 
 template <Fp8Format F>
 __global__ void __launch_bounds__(kElementwiseThreads) quantize_and_insert_kernel(KvInsertArgs args) {
+  wait_for_previous_kernel();  // launched to overlap the kernel before it (launch_overlapping)
   const int lane = threadIdx.x % kThreadsPerToken;
   // All 64 threads of a token take the same path, so the 8-lane butterflies below stay complete.
   for (int64_t token = static_cast<int64_t>(blockIdx.x) * kTokensPerBlock + threadIdx.x / kThreadsPerToken;
@@ -64,7 +65,7 @@ LaunchStatus launch_quantize_and_insert_k_cache(const KvInsertArgs& args, void* 
   auto hip_stream = static_cast<hipStream_t>(stream);
   with_fp8_format(args.format, [&](auto format_tag) {
     constexpr Fp8Format kFormat = decltype(format_tag)::value;
-    hipLaunchKernelGGL((quantize_and_insert_kernel<kFormat>), grid, dim3(kElementwiseThreads), 0, hip_stream, args);
+    launch_overlapping(quantize_and_insert_kernel<kFormat>, grid, dim3(kElementwiseThreads), 0, hip_stream, args);
   });
   return last_launch_status();
 }

@@ -144,6 +144,7 @@ DSV4_DEVICE int encoding_shift(const BmmA8W8MxScaleArgs& args) {
 
 template <int kMTiles, int kBlockN, bool kSplitK, bool kVector>
 __global__ void __launch_bounds__(kThreads) bmm_kernel(BmmA8W8MxScaleArgs args) {
+  wait_for_previous_kernel();  // launched to overlap the kernel before it (launch_overlapping)
   constexpr int kWarpsN = kSplitK ? 1 : kWarps;
   constexpr int kWarpsK = kSplitK ? kWarps : 1;
   constexpr int kNTiles = kBlockN / (kWarpsN * kTileN);
@@ -342,6 +343,7 @@ static_assert(kAChunks * kThreads * 16 == kTileM * kStageK && kBChunks * kThread
               "staging");
 
 __global__ void __launch_bounds__(kThreads) bmm_tiled_kernel(BmmA8W8MxScaleArgs args) {
+  wait_for_previous_kernel();  // launched to overlap the kernel before it (launch_overlapping)
   constexpr int kWarpsN = 2;
   constexpr int kWarpsM = kWarps / kWarpsN;
   constexpr int kWarpN = kTileNLarge / kWarpsN;
@@ -576,9 +578,9 @@ LaunchStatus launch_config(const BmmA8W8MxScaleArgs& args, bool vector, hipStrea
   const dim3 grid(static_cast<unsigned>(m_tiles), static_cast<unsigned>(args.n / kBlockN),
                   static_cast<unsigned>(args.groups));
   if (vector) {
-    hipLaunchKernelGGL((bmm_kernel<kMTiles, kBlockN, kSplitK, true>), grid, dim3(kThreads), 0, stream, args);
+    launch_overlapping(bmm_kernel<kMTiles, kBlockN, kSplitK, true>, grid, dim3(kThreads), 0, stream, args);
   } else {
-    hipLaunchKernelGGL((bmm_kernel<kMTiles, kBlockN, kSplitK, false>), grid, dim3(kThreads), 0, stream, args);
+    launch_overlapping(bmm_kernel<kMTiles, kBlockN, kSplitK, false>, grid, dim3(kThreads), 0, stream, args);
   }
   return last_launch_status();
 }
@@ -607,7 +609,7 @@ LaunchStatus launch_bmm_a8w8_mxscale(const BmmA8W8MxScaleArgs& args, void* strea
   if (m_tiles > 65535 || args.groups > 65535) return LaunchStatus::kInvalidArgument;
   const dim3 grid(static_cast<unsigned>(args.n / kTileNLarge), static_cast<unsigned>(m_tiles),
                   static_cast<unsigned>(args.groups));
-  hipLaunchKernelGGL(bmm_tiled_kernel, grid, dim3(kThreads), 0, hip_stream, args);
+  launch_overlapping(bmm_tiled_kernel, grid, dim3(kThreads), 0, hip_stream, args);
   return last_launch_status();
 }
 

@@ -92,6 +92,7 @@ DSV4_DEVICE void encode_scaled(const float (&values)[kQuantLanes], float inverse
 template <Fp8Format F, int kGroupThreads, bool kBf16Table>
 __global__ void __launch_bounds__(kElementwiseThreads)
     group_quant_kernel(InverseRopeGroupQuantArgs args, int64_t items, bool vector) {
+  wait_for_previous_kernel();  // launched to overlap the kernel before it (launch_overlapping)
   const int64_t items_per_token = args.heads * (kHeadDim / kQuantLanes);
   const int64_t width = args.heads * kHeadDim / args.groups;  // D
   // items is a multiple of 16: the loop runs to the next multiple of 32 so that a 32-lane warp is wholly
@@ -160,6 +161,7 @@ __global__ void __launch_bounds__(kElementwiseThreads)
 template <bool kBf16Table>
 __global__ void __launch_bounds__(kElementwiseThreads)
     inverse_rope_kernel(InverseRopeArgs args, int64_t items, bool vector) {
+  wait_for_previous_kernel();  // launched to overlap the kernel before it (launch_overlapping)
   const int64_t items_per_token = args.heads * (kHeadDim / kRopeLanes);
   for (int64_t item = global_thread_index(); item < items; item += global_thread_count()) {
     const IndexSplit split = divide_index(item, items_per_token);
@@ -191,13 +193,13 @@ void launch_group_quant(const InverseRopeGroupQuantArgs& args, int64_t items, bo
   const dim3 block(kElementwiseThreads);
   switch (args.group_size) {
     case 32:
-      hipLaunchKernelGGL((group_quant_kernel<F, 1, kBf16Table>), grid, block, 0, stream, args, items, vector);
+      launch_overlapping(group_quant_kernel<F, 1, kBf16Table>, grid, block, 0, stream, args, items, vector);
       break;
     case 64:
-      hipLaunchKernelGGL((group_quant_kernel<F, 2, kBf16Table>), grid, block, 0, stream, args, items, vector);
+      launch_overlapping(group_quant_kernel<F, 2, kBf16Table>, grid, block, 0, stream, args, items, vector);
       break;
     default:
-      hipLaunchKernelGGL((group_quant_kernel<F, 4, kBf16Table>), grid, block, 0, stream, args, items, vector);
+      launch_overlapping(group_quant_kernel<F, 4, kBf16Table>, grid, block, 0, stream, args, items, vector);
       break;
   }
 }
@@ -232,9 +234,9 @@ LaunchStatus launch_inverse_rope(const InverseRopeArgs& args, void* stream) {
   const dim3 grid(elementwise_blocks(items));
   const auto hip_stream = static_cast<hipStream_t>(stream);
   if (args.rope.bf16) {
-    hipLaunchKernelGGL(inverse_rope_kernel<true>, grid, dim3(kElementwiseThreads), 0, hip_stream, args, items, vector);
+    launch_overlapping(inverse_rope_kernel<true>, grid, dim3(kElementwiseThreads), 0, hip_stream, args, items, vector);
   } else {
-    hipLaunchKernelGGL(inverse_rope_kernel<false>, grid, dim3(kElementwiseThreads), 0, hip_stream, args, items, vector);
+    launch_overlapping(inverse_rope_kernel<false>, grid, dim3(kElementwiseThreads), 0, hip_stream, args, items, vector);
   }
   return last_launch_status();
 }
