@@ -49,9 +49,10 @@ constexpr int kWideEpilogueMinSplits = 33;
 constexpr int kMaxSplits = 128;
 // Tokens up to which one kernel runs each token's epilogue and collapse (decode): a launch saved.
 constexpr int64_t kMergedEpilogueMaxTokens = 64;
-// Tokens up to which the kernels are launched to overlap the one before them (launch_overlapping): each
-// waits for it before reading, and the launch latency between short kernels is hidden. Larger grids
-// launch plainly: blocks that wait would hold multiprocessors the kernel before still needs.
+// Tokens up to which the post and dots kernels are launched to overlap the kernel before them
+// (launch_overlapping): each waits for it before reading, and the launch latency between short kernels is
+// hidden (measured up to 64 tokens; larger sizes launch plainly, where a launch latency is small against
+// the kernels' run time). The one-kernel epilogue + collapse always overlaps the dots kernel.
 constexpr int64_t kChainedMaxTokens = 64;
 // Rounds of each thread's collapse vectors that kernel loads before the epilogue: all of them up to
 // hidden 8192 (4 rounds of 256 threads x 8 values).
