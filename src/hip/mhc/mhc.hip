@@ -478,12 +478,19 @@ struct PrefetchedVectors {
 template <>
 struct PrefetchedVectors<0> {};
 
+// Read before the kernel's wait for the dots kernel (mhc_epilogue_collapse_kernel), so past the
+// multiprocessor's cache: the residual's writer finished before the dots kernel released this one.
 template <int kRounds>
 DSV4_DEVICE void prefetch_vectors(const uint16_t* residual, int64_t hidden, PrefetchedVectors<kRounds>& prefetched) {
 #pragma unroll
   for (int round = 0; round < kRounds; ++round) {
     const int64_t v = threadIdx.x + round * kThreads;
-    if (v < hidden / 8) load_stream_vectors(residual, hidden, v, prefetched.raw[round]);
+    if (v < hidden / 8) {
+#pragma unroll
+      for (int i = 0; i < mhc::kHcMult; ++i) {
+        prefetched.raw[round][i] = load_past_local_cache(reinterpret_cast<const uint4*>(residual + i * hidden + 8 * v));
+      }
+    }
   }
 }
 
@@ -765,6 +772,8 @@ LaunchStatus launch_mhc_fused_post_pre(const MhcPostArgs& post, const MhcPreArgs
   if (pre.tokens == 0) return LaunchStatus::kOk;
   auto hip_stream = static_cast<hipStream_t>(stream);
   launch_post_kernel(post, hip_stream);
+  const LaunchStatus status = last_launch_status();
+  if (status != LaunchStatus::kOk) return status;
   launch_pre_kernels<mhc::kPreMixes>(pre, hip_stream);
   return last_launch_status();
 }

@@ -100,6 +100,19 @@ DSV4_DEVICE void release_dependents() {
 #endif
 }
 
+// A 16-byte load answered by the device-wide cache level, not the multiprocessor's own (NVIDIA
+// ld.global.cg): for data a kernel reads before wait_for_previous_kernel() that an earlier kernel wrote, so
+// that no line this multiprocessor cached before that write can answer it (the earlier kernel's writes are
+// known to have reached the device-wide level, not to have been seen by this grid). A plain load on HIP,
+// where the launches are plain.
+DSV4_DEVICE uint4 load_past_local_cache(const uint4* address) {
+#if defined(__CUDA_ARCH__)
+  return __ldcg(address);
+#else
+  return *address;
+#endif
+}
+
 inline LaunchStatus last_launch_status() {
   return hipGetLastError() == hipSuccess ? LaunchStatus::kOk : LaunchStatus::kLaunchFailed;
 }
