@@ -282,6 +282,38 @@ def test_torch_compile_fullgraph(device):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("t,hidden", [(1, 4096), (5, 7168), (64, 4096)])
+def test_chained_launches_see_inputs_written_just_before(t, hidden):
+    """At decode sizes the CUDA kernels start while the kernel before them finishes (programmatic dependent
+    launch), and the one-kernel epilogue reads the residual before it waits for the dots kernel. Each call
+    here gets a residual written by the kernel launched just before it; the results must equal, bit for
+    bit, those of the same ops on the same values with the device synchronized around every call."""
+    device = "cuda"
+    fn, scale, base = to(device, *params(hidden, seed=31))
+    head_fn, head_base, head_scale = fn[:4].contiguous(), base[:4].contiguous(), scale[:1].contiguous()
+    x = torch.randn(t, hidden, generator=torch.Generator().manual_seed(32)).to(torch.bfloat16).to(device)
+    post, comb, _ = to(device, *reference.mhc_pre(streams(t, hidden, seed=33), *params(hidden, seed=34)))
+    pre_args = (fn, scale, base, EPS, EPS, EPS, 2.0, 20, None, EPS)
+    generator = torch.Generator(device=device).manual_seed(35)
+    for _ in range(20):
+        residual = torch.randn(t, 4, hidden, device=device, generator=generator).to(torch.bfloat16)
+        fused = torch.ops.dsv4.mhc_fused_post_pre(x, residual, post, comb, *pre_args)
+        pre = torch.ops.dsv4.mhc_pre(residual.clone(), *pre_args)
+        head = torch.ops.dsv4.hc_head(residual.clone(), head_fn, head_base, head_scale, EPS, EPS)
+        torch.cuda.synchronize()
+        new_residual = torch.ops.dsv4.mhc_post(x, residual, post, comb)
+        torch.cuda.synchronize()
+        want_fused = (new_residual,) + tuple(torch.ops.dsv4.mhc_pre(new_residual, *pre_args))
+        torch.cuda.synchronize()
+        want_pre = torch.ops.dsv4.mhc_pre(residual, *pre_args)
+        torch.cuda.synchronize()
+        want_head = torch.ops.dsv4.hc_head(residual, head_fn, head_base, head_scale, EPS, EPS)
+        torch.cuda.synchronize()
+        for got, want in zip(fused + pre + (head,), want_fused + want_pre + (want_head,)):
+            assert_bits_equal(got.cpu(), want.cpu())
+
+
+@pytest.mark.gpu
 def test_graph_capture_and_replay():
     device, t, hidden = "cuda", 16, 4096
     residual = streams(t, hidden, seed=21).to(device)
