@@ -534,13 +534,10 @@ DSV4_DEVICE void collapse_token(const MhcPreArgs& args, int64_t token, const flo
   }
   for_each_vector([&](int64_t v, float(&values)[8]) {
     if (args.norm_weight != nullptr) {
-      const uint4 raw = *reinterpret_cast<const uint4*>(args.norm_weight + 8 * v);
-      const uint32_t words[4] = {raw.x, raw.y, raw.z, raw.w};
+      float weight[8];
+      unpack_bf16x8(*reinterpret_cast<const uint4*>(args.norm_weight + 8 * v), weight);
 #pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        values[2 * j] = values[2 * j] * norm * bf16_bits_to_float(static_cast<uint16_t>(words[j] & 0xffffu));
-        values[2 * j + 1] = values[2 * j + 1] * norm * bf16_bits_to_float(static_cast<uint16_t>(words[j] >> 16));
-      }
+      for (int j = 0; j < 8; ++j) values[j] = values[j] * norm * weight[j];
     }
     *reinterpret_cast<uint4*>(out + 8 * v) = pack_bf16x8(values);
   });

@@ -36,15 +36,7 @@ template <int kCount>
 DSV4_DEVICE void load_bf16(const uint16_t* src, bool vector, float* values) {
   if (vector) {
 #pragma unroll
-    for (int v = 0; v < kCount / 8; ++v) {
-      const uint4 raw = *reinterpret_cast<const uint4*>(src + 8 * v);
-      const uint32_t words[4] = {raw.x, raw.y, raw.z, raw.w};
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        values[8 * v + 2 * i] = bf16_bits_to_float(static_cast<uint16_t>(words[i] & 0xffffu));
-        values[8 * v + 2 * i + 1] = bf16_bits_to_float(static_cast<uint16_t>(words[i] >> 16));
-      }
-    }
+    for (int v = 0; v < kCount / 8; ++v) unpack_bf16x8(*reinterpret_cast<const uint4*>(src + 8 * v), values + 8 * v);
   } else {
 #pragma unroll
     for (int i = 0; i < kCount; ++i) values[i] = bf16_bits_to_float(src[i]);
