@@ -186,11 +186,10 @@ struct Job {
 
 // Issues the job's loads. Rows are read whatever the position (they are in bounds); whether to use
 // them is decided after the loads are in flight.
-DSV4_DEVICE Job begin_job(const QnormRopeKvInsertArgs& args, int64_t group, int lane) {
+DSV4_DEVICE Job begin_job(const QnormRopeKvInsertArgs& args, const IndexSplit& place, int lane) {
   Job job;
-  const IndexSplit split = divide_index(group, args.padded_heads + 1);
-  job.token = split.quotient;
-  job.head = split.remainder;
+  job.token = place.quotient;
+  job.head = place.remainder;
   job.position = args.position_ids[job.token];
   job.slot = -1;
   if (job.head < args.heads) {
@@ -275,11 +274,26 @@ __global__ void __launch_bounds__(kElementwiseThreads) qnorm_rope_kv_insert_kern
   const int64_t group_count = static_cast<int64_t>(gridDim.x) * kGroupsPerBlock;
   const int64_t first = static_cast<int64_t>(blockIdx.x) * kGroupsPerBlock + threadIdx.x / kGroupLanes;
   if (first >= groups) return;
+  // The (token, slot) of the group's job, advanced by adds: the stride is divided once, not every job.
+  const int64_t slots = args.padded_heads + 1;
+  const IndexSplit stride = divide_index(group_count, slots);
+  IndexSplit place = divide_index(first, slots);
+  const auto advance = [&] {
+    place.quotient += stride.quotient;
+    place.remainder += stride.remainder;
+    if (place.remainder >= slots) {
+      place.remainder -= slots;
+      place.quotient += 1;
+    }
+  };
   // Software pipeline: the next job's loads are in flight while this one computes and stores.
-  Job next = begin_job(args, first, lane);
+  Job next = begin_job(args, place, lane);
   for (int64_t group = first; group < groups; group += group_count) {
     const Job current = next;
-    if (group + group_count < groups) next = begin_job(args, group + group_count, lane);
+    if (group + group_count < groups) {
+      advance();
+      next = begin_job(args, place, lane);
+    }
     finish_job<F, S>(args, current, lane);
   }
 }
