@@ -64,13 +64,25 @@ DSV4_DEVICE void store_zero_bf16_share(uint16_t* row, int lane) {
 
 // fp8(clamp(v * multiplier, +-quant_max)) for 8 values, two per conversion instruction where the device
 // has a paired one (dsv4/fp8x2.h: the same bytes as fp8_encode_clamped on each value).
+// NaN is tested once for the 8 values (their sum is NaN if one is, and when +inf meets -inf, which the
+// general path handles as well), not per pair.
 template <Fp8Format F>
 DSV4_DEVICE uint2 pack_fp8x8(const float* values, float multiplier, float quant_max) {
-  uint32_t words[2] = {0, 0};
+  float scaled[kPieceDims];
 #pragma unroll
-  for (int j = 0; j < kPieceDims; j += 2) {
-    words[j / 4] |= fp8x2_encode_clamped<F>(values[j] * multiplier, values[j + 1] * multiplier, quant_max)
-                    << (8 * (j % 4));
+  for (int j = 0; j < kPieceDims; ++j) scaled[j] = values[j] * multiplier;
+  const float probe = ((scaled[0] + scaled[1]) + (scaled[2] + scaled[3])) + ((scaled[4] + scaled[5]) + (scaled[6] + scaled[7]));
+  uint32_t words[2] = {0, 0};
+  if (probe == probe) {
+#pragma unroll
+    for (int j = 0; j < kPieceDims; j += 2) {
+      words[j / 4] |= fp8x2_encode_clamped_not_nan<F>(scaled[j], scaled[j + 1], quant_max) << (8 * (j % 4));
+    }
+  } else {
+#pragma unroll
+    for (int j = 0; j < kPieceDims; j += 2) {
+      words[j / 4] |= fp8x2_encode_clamped<F>(scaled[j], scaled[j + 1], quant_max) << (8 * (j % 4));
+    }
   }
   return make_uint2(words[0], words[1]);
 }
@@ -174,11 +186,10 @@ struct Job {
 
 // Issues the job's loads. Rows are read whatever the position (they are in bounds); whether to use
 // them is decided after the loads are in flight.
-DSV4_DEVICE Job begin_job(const QnormRopeKvInsertArgs& args, int64_t group, int lane) {
+DSV4_DEVICE Job begin_job(const QnormRopeKvInsertArgs& args, const IndexSplit& place, int lane) {
   Job job;
-  const IndexSplit split = divide_index(group, args.padded_heads + 1);
-  job.token = split.quotient;
-  job.head = split.remainder;
+  job.token = place.quotient;
+  job.head = place.remainder;
   job.position = args.position_ids[job.token];
   job.slot = -1;
   if (job.head < args.heads) {
@@ -263,11 +274,26 @@ __global__ void __launch_bounds__(kElementwiseThreads) qnorm_rope_kv_insert_kern
   const int64_t group_count = static_cast<int64_t>(gridDim.x) * kGroupsPerBlock;
   const int64_t first = static_cast<int64_t>(blockIdx.x) * kGroupsPerBlock + threadIdx.x / kGroupLanes;
   if (first >= groups) return;
+  // The (token, slot) of the group's job, advanced by adds: the stride is divided once, not every job.
+  const int64_t slots = args.padded_heads + 1;
+  const IndexSplit stride = divide_index(group_count, slots);
+  IndexSplit place = divide_index(first, slots);
+  const auto advance = [&] {
+    place.quotient += stride.quotient;
+    place.remainder += stride.remainder;
+    if (place.remainder >= slots) {
+      place.remainder -= slots;
+      place.quotient += 1;
+    }
+  };
   // Software pipeline: the next job's loads are in flight while this one computes and stores.
-  Job next = begin_job(args, first, lane);
+  Job next = begin_job(args, place, lane);
   for (int64_t group = first; group < groups; group += group_count) {
     const Job current = next;
-    if (group + group_count < groups) next = begin_job(args, group + group_count, lane);
+    if (group + group_count < groups) {
+      advance();
+      next = begin_job(args, place, lane);
+    }
     finish_job<F, S>(args, current, lane);
   }
 }
