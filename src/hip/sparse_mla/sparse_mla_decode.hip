@@ -235,11 +235,19 @@ DSV4_DEVICE float table_value(Fp8Format format, uint8_t code) {
   return value == value ? value : 0.0f;
 }
 
-// bf16 bits with every non-finite value (exponent all ones) replaced by +0: the spec's NaN scrub.
-DSV4_DEVICE uint32_t scrub_bf16(uint32_t bits) { return (bits & 0x7f80u) == 0x7f80u ? 0u : bits; }
-
+// Two bf16 with every non-finite value (exponent all ones) replaced by +0: the spec's NaN scrub, on both
+// halves at once. x = the exponent bits that are zero; a half is finite iff its x is non-zero, and then
+// x + 0x7f80 (at most 0xff00: no carry into the other half) has bit 15 set.
 DSV4_DEVICE uint32_t scrub_bf16x2(uint32_t word) {
-  return scrub_bf16(word & 0xffffu) | (scrub_bf16(word >> 16) << 16);
+  const uint32_t flags = (~word & 0x7f807f80u) + 0x7f807f80u;  // bit 15 / 31: that half is finite
+#if defined(__CUDA_ARCH__)
+  // prmt's sign-replicating selectors (nibble bit 3): bytes 0-1 copy bit 15, bytes 2-3 bit 31.
+  uint32_t keep;
+  asm("prmt.b32 %0, %1, 0, 0xBB99;" : "=r"(keep) : "r"(flags));
+#else
+  const uint32_t keep = ((flags >> 15) & 0x00010001u) * 0xffffu;
+#endif
+  return word & keep;
 }
 
 // Two fp32 values to bf16 (round to nearest even; low half = first). sm_90 has the conversion instruction;
@@ -261,7 +269,9 @@ constexpr uint32_t kLargestUnscrubbedScale = 240;
 // 8 codes of one 64-dim block into 8 bf16 (4 words), with the scrub only where the scale could make a
 // value non-finite (a huge scale, or the NaN scale byte 255).
 DSV4_DEVICE uint4 decode_fp8x8(uint2 codes, uint32_t scale_byte, const float* table) {
-  const float block_scale = ue8m0_decode(static_cast<uint8_t>(scale_byte));
+  // ue8m0_decode without its NaN case: byte 255 reads as +Inf here, and every product with it (Inf, or
+  // NaN for a zero code) is scrubbed to +0 below, as a NaN scale's products are.
+  const float block_scale = bits_float(scale_byte == 0 ? 0x00400000u : scale_byte << 23);
   const uint32_t words[2] = {codes.x, codes.y};
   uint32_t pairs[4];
 #pragma unroll
@@ -740,6 +750,7 @@ __global__ void DSV4_SPARSE_MLA_BOUNDS sparse_mla_partial_kernel(SparseMlaDecode
   for (int g = 0; g < kGroups; ++g) {
 #pragma unroll
     for (int j = 0; j < kOutTiles; ++j) {
+#if DSV4_SPARSE_MLA_MFMA_LAYOUT
 #pragma unroll
       for (int r = 0; r < kAccPerTile; ++r) {
         const int64_t head = h0 + g * kHeadsPerBlock + acc_row(lane, r);
@@ -747,6 +758,17 @@ __global__ void DSV4_SPARSE_MLA_BOUNDS sparse_mla_partial_kernel(SparseMlaDecode
           acc_out[(row_base + head) * kDim + warp * kWarpDims + 16 * j + acc_col(lane, r)] = acc[g][j].v[r];
         }
       }
+#else
+      // Accumulators r and r + 1 (r even) are adjacent dims of one row: one 8-byte store.
+#pragma unroll
+      for (int r = 0; r < kAccPerTile; r += 2) {
+        const int64_t head = h0 + g * kHeadsPerBlock + acc_row(lane, r);
+        if (head < args.heads) {
+          *reinterpret_cast<float2*>(acc_out + (row_base + head) * kDim + warp * kWarpDims + 16 * j +
+                                     acc_col(lane, r)) = make_float2(acc[g][j].v[r], acc[g][j].v[r + 1]);
+        }
+      }
+#endif
     }
   }
   if (tid % kThreadsPerRow == 0 && h0 + softmax_row < args.heads) {
