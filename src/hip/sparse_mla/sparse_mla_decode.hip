@@ -888,36 +888,54 @@ int sparse_mla_decode_num_splits(const SparseMlaDecodeArgs& args, int requested)
   if (args.tokens <= 0 || args.heads <= 0) return 1;
   const int64_t rows_per_block = heads_per_block(args.tokens, args.heads);
   const int64_t blocks = args.tokens * ((args.heads + rows_per_block - 1) / rows_per_block);
+  const int64_t multiprocessors = device_multiprocessors();
   // Resident partial blocks: two a multiprocessor on NVIDIA (registers and shared memory allow it), one
   // on the AMD targets (57 KB of LDS each).
 #if DSV4_SPARSE_MLA_MFMA_LAYOUT
-  const int64_t slots = device_multiprocessors();
+  constexpr int64_t kResidentPerMultiprocessor = 1;
+  constexpr double kSharedSlowdown = 1.0;  // blocks beyond one a multiprocessor run in later waves
 #else
-  const int64_t slots = 2 * static_cast<int64_t>(device_multiprocessors());
+  constexpr int64_t kResidentPerMultiprocessor = 2;
+  // Two blocks on one multiprocessor each take ~1.3x as long as a block alone, so a second block pays
+  // only when it saves more (H200, T = 1, 128 heads, 1152 keys: 18 splits, 144 blocks, 18.0 us against
+  // 16.1 at 16 splits, 128 blocks; T = 8: 8 splits, 256 blocks, 39.3 us against 44.2 at 4).
+  constexpr double kSharedSlowdown = 1.3;
 #endif
-  if (blocks >= slots) return 1;
-  // The split count with the least modelled time: waves of blocks times (a block's fixed cost: the first
-  // loads, Q, the partial write; plus its tiles), plus for several splits the reduce and the fp32
-  // partials written and read back (one 2 KB row per token, head and split). The constants are H200
-  // timings at T = 1 (a tile of 32 keys about 3.3 us for a lone block; 36 splits of 128 heads lose
-  // 5 us to partial traffic against 18); ties go to fewer splits. The average keys per row stands in
-  // for every row's.
-  constexpr int64_t kBlockFixedNs = 5000;
-  constexpr int64_t kTileNs = 3300;
-  constexpr int64_t kReduceNs = 2000;
-  constexpr int64_t kPartialRowNs = 2;
+  if (blocks >= kResidentPerMultiprocessor * multiprocessors) return 1;
+  // The split count with the least modelled time: the busiest multiprocessor's blocks times (a block's
+  // fixed cost: the first loads, Q, the partial write; plus its tiles and keys), plus for several splits
+  // the reduce (its loop over the splits) and the fp32 partials written and read back (one 2 KB row per
+  // token, head and split). The constants fit H200 sweeps of 1 to 36 splits at T = 1, 8, 32 and 128
+  // (8 to 128 heads, 192 to 1152 keys a row); 32-head blocks spend 1.15x a 16-head block's time a tile.
+  // Ties go to fewer splits. The average keys per row stands in for every row's.
+  constexpr double kBlockFixedNs = 5000;
+  constexpr double kTileNs = 500;
+  constexpr double kKeyNs = 70;
+  constexpr double kTwoGroupScale = 1.15;
+  constexpr double kSplitNs = 100;
+  constexpr double kPartialRowNs = 0.2;
   const int64_t padded_heads = (args.heads + rows_per_block - 1) / rows_per_block * rows_per_block;
   const int64_t keys = args.main.index_count + (args.extra.bytes != nullptr ? args.extra.index_count : 0);
   const int64_t per_row = (keys + args.tokens - 1) / args.tokens;
   int64_t max_splits = (per_row + kKeysPerSplitMin - 1) / kKeysPerSplitMin;
   max_splits = max_splits > kMaxAutoSplits ? kMaxAutoSplits : (max_splits < 1 ? 1 : max_splits);
   int64_t best = 1;
-  int64_t best_cost = -1;
+  double best_cost = -1;
   for (int64_t splits = 1; splits <= max_splits; ++splits) {
-    const int64_t waves = (blocks * splits + slots - 1) / slots;
-    const int64_t tiles = (per_row + splits * kTileKeys - 1) / (splits * kTileKeys);
-    int64_t cost = waves * (kBlockFixedNs + kTileNs * tiles);
-    if (splits > 1) cost += kReduceNs + kPartialRowNs * args.tokens * padded_heads * splits;
+    const int64_t per_multiprocessor = (blocks * splits + multiprocessors - 1) / multiprocessors;
+    const double crowding = per_multiprocessor == 1
+                                ? 1.0
+                                : kSharedSlowdown * static_cast<double>(per_multiprocessor) /
+                                      static_cast<double>(kResidentPerMultiprocessor);
+    const int64_t split_keys = (per_row + splits - 1) / splits;
+    const int64_t tiles = (split_keys + kTileKeys - 1) / kTileKeys;
+    double work = kTileNs * static_cast<double>(tiles) + kKeyNs * static_cast<double>(split_keys);
+    if (rows_per_block == 2 * kHeadsPerBlock) work *= kTwoGroupScale;
+    double cost = crowding * (kBlockFixedNs + work);
+    if (splits > 1) {
+      cost += kSplitNs * static_cast<double>(splits) +
+              kPartialRowNs * static_cast<double>(args.tokens * padded_heads * splits);
+    }
     if (best_cost < 0 || cost < best_cost) {
       best = splits;
       best_cost = cost;
