@@ -413,6 +413,36 @@ def test_gpu_single_key_is_copied_exactly(heads):
     assert torch.equal(got.cpu(), want), "a single key must come back exactly"
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("fmt", [Fp8Format.OCP, Fp8Format.FNUZ])
+def test_every_code_and_scale_byte_decodes_exactly(device, fmt):
+    """Rows of one key each, with q = 0 (so every weight is exactly 1 and the output is the decoded key,
+    bit for bit), over records whose NoPE bytes run through all 256 codes (the NaN codes of both encodings
+    among them) under block scale bytes from 0 (2^-127) through the overflowing ones to 255 (NaN), with
+    NaN and infinite RoPE values: the key decode of each path (on NVIDIA, OCP keys take the conversion
+    instructions and FNUZ keys the table) against the reference's, non-finite values read as 0."""
+    records = 9
+    cache = torch.zeros(2, 64 * 584, dtype=torch.uint8)
+    data = cache[0, : 64 * 576].view(64, 576)
+    scale_bytes = cache[0, 64 * 576 :].view(64, 8)
+    generator = torch.Generator().manual_seed(93)
+    choices = torch.tensor([0, 1, 2, 60, 119, 127, 128, 200, 240, 241, 250, 253, 254, 255], dtype=torch.uint8)
+    for r in range(records):
+        data[r, :448] = ((torch.arange(448) * 7 + 37 * r) % 256).to(torch.uint8)  # 7 is odd: all 256 codes
+        data[r, 448:] = torch.randn(64, generator=generator).to(torch.bfloat16).view(torch.uint8)
+        scale_bytes[r, :7] = choices[(torch.arange(7) + 7 * r) % len(choices)]
+    data[1, 448:450] = torch.tensor([0xC0, 0x7F], dtype=torch.uint8)  # NaN
+    data[2, 452:454] = torch.tensor([0x80, 0x7F], dtype=torch.uint8)  # +Inf
+    data[3, 574:576] = torch.tensor([0x80, 0xFF], dtype=torch.uint8)  # -Inf
+    want = reference.read_cache_rows(cache, torch.arange(records), 64, fmt).to(torch.bfloat16)
+    heads = 16
+    q = torch.zeros(records, heads, 512, dtype=torch.bfloat16)
+    indices, indptr = ragged([[r] for r in range(records)])
+    q, cache, indices, indptr = to(device, q, cache, indices, indptr)
+    got = dsv4ops.sparse_mla_decode(q, cache, indices, indptr, 64, main_format=fmt.name.lower(), num_splits=1)
+    assert torch.equal(got.cpu(), want[:, None, :].expand(records, heads, 512)), "each key must come back exactly"
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("heads", [16, 20, 64])
 def test_gpu_each_head_finds_its_key(heads):

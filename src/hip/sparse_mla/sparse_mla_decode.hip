@@ -292,6 +292,56 @@ DSV4_DEVICE uint4 decode_fp8x8(uint2 codes, uint32_t scale_byte, const float (*t
   return make_uint4(pairs[0], pairs[1], pairs[2], pairs[3]);
 }
 
+// NVIDIA sm_89+ decodes OCP keys with the FP8 conversion instructions instead of the table: every e4m3
+// value is exact in f16 and in fp32, so the product with the block scale and its bf16 rounding are the
+// table path's, without its shared-memory lookups (random banks: the most shared-memory traffic of a tile).
+// FNUZ keys (no conversion instruction here) and the other targets keep the table.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+#define DSV4_SPARSE_MLA_OCP_CONVERT 1
+
+// The two OCP codes in bits 0..15 to fp32 (low byte first).
+DSV4_DEVICE void ocp_fp8x2_to_float2(uint32_t two_codes, float& low, float& high) {
+  asm("{\n"
+      "  .reg .b16 codes, half_low, half_high;\n"
+      "  .reg .b32 halves;\n"
+      "  cvt.u16.u32 codes, %2;\n"
+      "  cvt.rn.f16x2.e4m3x2 halves, codes;\n"
+      "  mov.b32 {half_low, half_high}, halves;\n"
+      "  cvt.f32.f16 %0, half_low;\n"
+      "  cvt.f32.f16 %1, half_high;\n"
+      "}"
+      : "=f"(low), "=f"(high)
+      : "r"(two_codes));
+}
+
+// decode_fp8x8 for an OCP block. The NaN codes (0x7f, 0xff) become 0x00 first, +0 like their table entry.
+DSV4_DEVICE uint4 decode_ocp_fp8x8(uint2 codes, uint32_t scale_byte) {
+  const float block_scale = bits_float(scale_byte == 0 ? 0x00400000u : scale_byte << 23);  // as decode_fp8x8
+  uint32_t words[2] = {codes.x, codes.y};
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    // A byte's low 7 bits plus one reach bit 7 (no carry leaves the byte) only for 0x7f: a NaN code. prmt's
+    // sign-replicating selectors turn each such byte's bit 7 into a 0xff mask.
+    const uint32_t nan_flags = (words[i] & 0x7f7f7f7fu) + 0x01010101u;
+    uint32_t nan_bytes;
+    asm("prmt.b32 %0, %1, 0, 0xBA98;" : "=r"(nan_bytes) : "r"(nan_flags));
+    words[i] &= ~nan_bytes;
+  }
+  uint32_t pairs[4];
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    float low, high;
+    ocp_fp8x2_to_float2(words[j / 2] >> (16 * (j % 2)), low, high);
+    pairs[j] = bf16x2(low * block_scale, high * block_scale);
+  }
+  if (scale_byte > kLargestUnscrubbedScale) {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) pairs[j] = scrub_bf16x2(pairs[j]);
+  }
+  return make_uint4(pairs[0], pairs[1], pairs[2], pairs[3]);
+}
+#endif
+
 // NVIDIA: the next tile's records are copied into shared memory asynchronously (cp.async, sm_80+) while
 // the current tile is computed. The AMD targets load each tile's records straight into registers.
 #if DSV4_SPARSE_MLA_MFMA_LAYOUT
@@ -376,15 +426,30 @@ DSV4_DEVICE KeyLoad load_key(const uint8_t* data, const uint8_t* scales, int tab
   return load;
 }
 
-DSV4_DEVICE void store_key(const KeyLoad& load, uint16_t* row, int lane, const float (*tables)[256]) {
+// ocp_tables: bit i set when table i (0 main, 1 extra) decodes an OCP cache.
+DSV4_DEVICE void store_key(const KeyLoad& load, uint16_t* row, int lane, const float (*tables)[256],
+                           uint32_t ocp_tables) {
   uint4 low = make_uint4(0, 0, 0, 0);
   uint4 high = make_uint4(0, 0, 0, 0);
   if (load.table >= 0) {
-    const uint32_t table_offset = static_cast<uint32_t>(load.table) * sizeof(tables[0]);
-    low = decode_fp8x8(load.low, load.scales & 0xffu, tables, table_offset);
-    if (lane < kFirstRopeLane) {
-      high = decode_fp8x8(make_uint2(load.high.x, load.high.y), (load.scales >> 8) & 0xffu, tables, table_offset);
+    const uint2 high_codes = make_uint2(load.high.x, load.high.y);
+#if defined(DSV4_SPARSE_MLA_OCP_CONVERT)
+    const bool convert = (ocp_tables >> load.table) & 1u;  // uniform across the key's 32 threads (a warp)
+#else
+    (void)ocp_tables;
+    constexpr bool convert = false;
+#endif
+    if (convert) {
+#if defined(DSV4_SPARSE_MLA_OCP_CONVERT)
+      low = decode_ocp_fp8x8(load.low, load.scales & 0xffu);
+      if (lane < kFirstRopeLane) high = decode_ocp_fp8x8(high_codes, (load.scales >> 8) & 0xffu);
+#endif
     } else {
+      const uint32_t table_offset = static_cast<uint32_t>(load.table) * sizeof(tables[0]);
+      low = decode_fp8x8(load.low, load.scales & 0xffu, tables, table_offset);
+      if (lane < kFirstRopeLane) high = decode_fp8x8(high_codes, (load.scales >> 8) & 0xffu, tables, table_offset);
+    }
+    if (lane >= kFirstRopeLane) {
       high = make_uint4(scrub_bf16x2(load.high.x), scrub_bf16x2(load.high.y), scrub_bf16x2(load.high.z),
                         scrub_bf16x2(load.high.w));
     }
@@ -520,6 +585,8 @@ __global__ void DSV4_SPARSE_MLA_BOUNDS sparse_mla_partial_kernel(SparseMlaDecode
   float l = 0.0f;
   const int key_lane = tid % kThreadsPerKey;
   const int key_group = tid / kThreadsPerKey;
+  const uint32_t ocp_tables =
+      (args.main.format == Fp8Format::kOCP ? 1u : 0u) | (args.extra.format == Fp8Format::kOCP ? 2u : 0u);
 
 #if DSV4_SPARSE_MLA_ASYNC_STAGE
   // The first tile's copies fly while the decode tables and Q are set up; each thread holds the slot of
@@ -569,7 +636,7 @@ __global__ void DSV4_SPARSE_MLA_BOUNDS sparse_mla_partial_kernel(SparseMlaDecode
       const int key = pass * kKeysPerPass + key_group;
       const uint8_t* record = sh.stage + key * kStageStride;
       store_key(load_key(record, record + ds_mla::kDataBytes, sh.stage_table[key], key_lane),
-                sh.keys + key * kKeyStride, key_lane, sh.tables);
+                sh.keys + key * kKeyStride, key_lane, sh.tables, ocp_tables);
     }
     __syncthreads();
     if (tile + kTileKeys < last) {
@@ -596,7 +663,7 @@ __global__ void DSV4_SPARSE_MLA_BOUNDS sparse_mla_partial_kernel(SparseMlaDecode
       }
 #pragma unroll
       for (int i = 0; i < kPassesInFlight; ++i) {
-        store_key(loads[i], sh.keys + ((batch + i) * kKeysPerPass + key_group) * kKeyStride, key_lane, sh.tables);
+        store_key(loads[i], sh.keys + ((batch + i) * kKeysPerPass + key_group) * kKeyStride, key_lane, sh.tables, ocp_tables);
       }
     }
     __syncthreads();
