@@ -9,9 +9,9 @@ Cases: Flash (H = 64, and 16 / 8 per rank at TP4 / TP8) and Pro (H = 128, and 16
 out (bf16), FLOPs = 4 * H * 512 * n per row (QK and PV). The roofline time max(bytes / copy bandwidth,
 FLOPs / BF16 matrix rate) uses both ceilings measured in this run (device copy; a BF16 GEMM). Our row
 appears where the build registers a kernel for the device (graph replay and back-to-back calls, automatic
-split count); the PyTorch reference is timed at T <= 8. The "roofline bound" row is that time itself, so
-our rows' speedup column over it reads as the fraction of the roofline reached (issue targets: >= 0.5 for
-T >= 32; T = 1 under 20 us).
+split count); the PyTorch reference, eager and under torch.compile, is timed at T <= 8. The "roofline
+bound" row is that time itself, so our rows' speedup column over it reads as the fraction of the roofline
+reached (issue targets: >= 0.5 for T >= 32; T = 1 under 20 us).
 """
 
 from __future__ import annotations
@@ -60,6 +60,7 @@ def bench_decode(device, ceiling_gbps, compile_peers):
     if not has_kernel:
         HEADER_NOTES.append(f"no sparse_mla_decode kernel for {device} in this build: reference rows only")
     main_cache = _cache(device, 131072 // 32, seed=1)  # SWA windows sit in the first entries
+    reference_compiled = torch.compile(reference.sparse_mla_decode, dynamic=False) if compile_peers else None
     for layer, ratio, extent in LAYERS:
         for model, heads in HEADS:
             family = model.split()[0]
@@ -87,6 +88,10 @@ def bench_decode(device, ceiling_gbps, compile_peers):
                 if t <= REFERENCE_MAX_T:
                     time_peer(times, "reference eager",
                               lambda *a: reference.sparse_mla_decode(*a[:12], a[12], None, None), [args], device)
+                    if reference_compiled is not None:
+                        time_peer(times, "reference compiled",
+                                  lambda *a: reference_compiled(*a[:12], a[12], None, None), [args], device,
+                                  f"{layer} {model} T={t}")
                 case = (f"{layer} {model} H={heads} T={t} keys/row={keys} roofline {roofline * 1e6:.1f} us "
                         f"({flops / 1e9:.2f} GFLOP)")
                 rows += make_rows("sparse_mla_decode", case, nbytes, times, "dsv4ops", ceiling_gbps)
