@@ -71,7 +71,8 @@ DSV4_DEVICE uint2 pack_fp8x8(const float* values, float multiplier, float quant_
   float scaled[kPieceDims];
 #pragma unroll
   for (int j = 0; j < kPieceDims; ++j) scaled[j] = values[j] * multiplier;
-  const float probe = ((scaled[0] + scaled[1]) + (scaled[2] + scaled[3])) + ((scaled[4] + scaled[5]) + (scaled[6] + scaled[7]));
+  const float probe =
+      ((scaled[0] + scaled[1]) + (scaled[2] + scaled[3])) + ((scaled[4] + scaled[5]) + (scaled[6] + scaled[7]));
   uint32_t words[2] = {0, 0};
   if (probe == probe) {
 #pragma unroll

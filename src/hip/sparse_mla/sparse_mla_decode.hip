@@ -2,9 +2,9 @@
 // fp8_ds_mla SWA ("main") and compressed ("extra") caches.
 //
 // Partial kernel: one block of 256 threads per (query row t, block of 16 heads, or 32 on NVIDIA when
-// H > 16 in batches of more than 16 (row, 16-head) pairs, split s). Heads are the MMA M dimension (rows of heads >= H are zero and never written). Split
-// s walks positions [n*s/S, n*(s+1)/S) of the row's key list (its main indices, then its extra indices;
-// n = both counts), 32 positions a tile:
+// H > 16 in batches of more than 16 (row, 16-head) pairs, split s). Heads are the MMA M dimension (rows of
+// heads >= H are zero and never written). Split s walks positions [n*s/S, n*(s+1)/S) of the row's key
+// list (its main indices, then its extra indices; n = both counts), 32 positions a tile:
 //   1. Slot lookup: negative or out-of-cache slots are marked invalid and never read; record addresses
 //      in int64 (key_record_address). NVIDIA copies the next tile's raw records into a shared stage
 //      with cp.async while the current tile is computed; AMD loads each tile's records into registers.
@@ -236,15 +236,24 @@ DSV4_DEVICE float table_value(Fp8Format format, uint8_t code) {
   return value == value ? value : 0.0f;
 }
 
+#if defined(__CUDA_ARCH__)
+// prmt with sign-replicating selectors (nibble bit 3 set): result byte i is 0xff or 0x00 after the top bit
+// of the byte of x that nibble i of kSelector names (its low 3 bits).
+template <uint32_t kSelector>
+DSV4_DEVICE uint32_t byte_sign_masks(uint32_t x) {
+  uint32_t masks;
+  asm("prmt.b32 %0, %1, 0, %2;" : "=r"(masks) : "r"(x), "n"(kSelector));
+  return masks;
+}
+#endif
+
 // Two bf16 with every non-finite value (exponent all ones) replaced by +0: the spec's NaN scrub, on both
 // halves at once. x = the exponent bits that are zero; a half is finite iff its x is non-zero, and then
 // x + 0x7f80 (at most 0xff00: no carry into the other half) has bit 15 set.
 DSV4_DEVICE uint32_t scrub_bf16x2(uint32_t word) {
   const uint32_t flags = (~word & 0x7f807f80u) + 0x7f807f80u;  // bit 15 / 31: that half is finite
 #if defined(__CUDA_ARCH__)
-  // prmt's sign-replicating selectors (nibble bit 3): bytes 0-1 copy bit 15, bytes 2-3 bit 31.
-  uint32_t keep;
-  asm("prmt.b32 %0, %1, 0, 0xBB99;" : "=r"(keep) : "r"(flags));
+  const uint32_t keep = byte_sign_masks<0xBB99u>(flags);  // bytes 0-1 after bit 15, bytes 2-3 after bit 31
 #else
   const uint32_t keep = ((flags >> 15) & 0x00010001u) * 0xffffu;
 #endif
@@ -267,8 +276,23 @@ DSV4_DEVICE uint32_t bf16x2(float low, float high) {
 // (|value| <= 448, 448 * 2^(240-127) < 2^122): no value of the block needs the scrub.
 constexpr uint32_t kLargestUnscrubbedScale = 240;
 
-// 8 codes of one 64-dim block into 8 bf16 (4 words), with the scrub only where the scale could make a
-// value non-finite (a huge scale, or the NaN scale byte 255).
+// The block scale of a decode: ue8m0_decode without its NaN case. Byte 255 reads as +Inf here, and every
+// product with it (Inf, or NaN for a zero code) is scrubbed to +0 by finish_block, as a NaN scale's are.
+DSV4_DEVICE float decode_block_scale(uint32_t scale_byte) {
+  return bits_float(scale_byte == 0 ? 0x00400000u : scale_byte << 23);
+}
+
+// A decoded block's 4 bf16 pairs, scrubbed only where the scale could make a value non-finite (a huge
+// scale, or the NaN scale byte 255).
+DSV4_DEVICE uint4 finish_block(uint32_t (&pairs)[4], uint32_t scale_byte) {
+  if (scale_byte > kLargestUnscrubbedScale) {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) pairs[j] = scrub_bf16x2(pairs[j]);
+  }
+  return make_uint4(pairs[0], pairs[1], pairs[2], pairs[3]);
+}
+
+// 8 codes of one 64-dim block into 8 bf16 (4 words) through the decode table.
 // `tables` is the pair of decode tables (main, extra; 1 KB each) and table_offset the byte offset of the
 // key's own (0 or 1024): OR-ing it into each code's byte index saves an add per value.
 DSV4_DEVICE uint4 decode_fp8x8(uint2 codes, uint32_t scale_byte, const float (*tables)[256], uint32_t table_offset) {
@@ -276,9 +300,7 @@ DSV4_DEVICE uint4 decode_fp8x8(uint2 codes, uint32_t scale_byte, const float (*t
   const auto entry = [&](uint32_t index_bytes) {
     return *reinterpret_cast<const float*>(table_bytes + (index_bytes | table_offset));
   };
-  // ue8m0_decode without its NaN case: byte 255 reads as +Inf here, and every product with it (Inf, or
-  // NaN for a zero code) is scrubbed to +0 below, as a NaN scale's products are.
-  const float block_scale = bits_float(scale_byte == 0 ? 0x00400000u : scale_byte << 23);
+  const float block_scale = decode_block_scale(scale_byte);
   const uint32_t words[2] = {codes.x, codes.y};
   uint32_t pairs[4];
 #pragma unroll
@@ -286,11 +308,7 @@ DSV4_DEVICE uint4 decode_fp8x8(uint2 codes, uint32_t scale_byte, const float (*t
     const uint32_t word = words[j / 2] >> (16 * (j % 2));
     pairs[j] = bf16x2(entry((word << 2) & 0x3fcu) * block_scale, entry((word >> 6) & 0x3fcu) * block_scale);
   }
-  if (scale_byte > kLargestUnscrubbedScale) {
-#pragma unroll
-    for (int j = 0; j < 4; ++j) pairs[j] = scrub_bf16x2(pairs[j]);
-  }
-  return make_uint4(pairs[0], pairs[1], pairs[2], pairs[3]);
+  return finish_block(pairs, scale_byte);
 }
 
 // NVIDIA sm_89+ decodes OCP keys with the FP8 conversion instructions instead of the table: every e4m3
@@ -317,16 +335,12 @@ DSV4_DEVICE void ocp_fp8x2_to_float2(uint32_t two_codes, float& low, float& high
 
 // decode_fp8x8 for an OCP block. The NaN codes (0x7f, 0xff) become 0x00 first, +0 like their table entry.
 DSV4_DEVICE uint4 decode_ocp_fp8x8(uint2 codes, uint32_t scale_byte) {
-  const float block_scale = bits_float(scale_byte == 0 ? 0x00400000u : scale_byte << 23);  // as decode_fp8x8
+  const float block_scale = decode_block_scale(scale_byte);
   uint32_t words[2] = {codes.x, codes.y};
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
-    // A byte's low 7 bits plus one reach bit 7 (no carry leaves the byte) only for 0x7f: a NaN code. prmt's
-    // sign-replicating selectors turn each such byte's bit 7 into a 0xff mask.
-    const uint32_t nan_flags = (words[i] & 0x7f7f7f7fu) + 0x01010101u;
-    uint32_t nan_bytes;
-    asm("prmt.b32 %0, %1, 0, 0xBA98;" : "=r"(nan_bytes) : "r"(nan_flags));
-    words[i] &= ~nan_bytes;
+    // A byte's low 7 bits plus one reach bit 7 (no carry leaves the byte) only for 0x7f: a NaN code.
+    words[i] &= ~byte_sign_masks<0xBA98u>((words[i] & 0x7f7f7f7fu) + 0x01010101u);
   }
   uint32_t pairs[4];
 #pragma unroll
@@ -335,11 +349,7 @@ DSV4_DEVICE uint4 decode_ocp_fp8x8(uint2 codes, uint32_t scale_byte) {
     ocp_fp8x2_to_float2(words[j / 2] >> (16 * (j % 2)), low, high);
     pairs[j] = bf16x2(low * block_scale, high * block_scale);
   }
-  if (scale_byte > kLargestUnscrubbedScale) {
-#pragma unroll
-    for (int j = 0; j < 4; ++j) pairs[j] = scrub_bf16x2(pairs[j]);
-  }
-  return make_uint4(pairs[0], pairs[1], pairs[2], pairs[3]);
+  return finish_block(pairs, scale_byte);
 }
 #endif
 
@@ -435,17 +445,14 @@ DSV4_DEVICE void store_key(const KeyLoad& load, uint16_t* row, int lane, const f
   if (load.table >= 0) {
     const uint2 high_codes = make_uint2(load.high.x, load.high.y);
 #if defined(DSV4_SPARSE_MLA_OCP_CONVERT)
-    const bool convert = (ocp_tables >> load.table) & 1u;  // uniform across the key's 32 threads (a warp)
-#else
-    (void)ocp_tables;
-    constexpr bool convert = false;
-#endif
-    if (convert) {
-#if defined(DSV4_SPARSE_MLA_OCP_CONVERT)
+    if ((ocp_tables >> load.table) & 1u) {  // uniform across the key's 32 threads (a warp)
       low = decode_ocp_fp8x8(load.low, load.scales & 0xffu);
       if (lane < kFirstRopeLane) high = decode_ocp_fp8x8(high_codes, (load.scales >> 8) & 0xffu);
+    } else
+#else
+    (void)ocp_tables;
 #endif
-    } else {
+    {
       const uint32_t table_offset = static_cast<uint32_t>(load.table) * sizeof(tables[0]);
       low = decode_fp8x8(load.low, load.scales & 0xffu, tables, table_offset);
       if (lane < kFirstRopeLane) high = decode_fp8x8(high_codes, (load.scales >> 8) & 0xffu, tables, table_offset);
@@ -664,7 +671,8 @@ __global__ void DSV4_SPARSE_MLA_BOUNDS sparse_mla_partial_kernel(SparseMlaDecode
       }
 #pragma unroll
       for (int i = 0; i < kPassesInFlight; ++i) {
-        store_key(loads[i], sh.keys + ((batch + i) * kKeysPerPass + key_group) * kKeyStride, key_lane, sh.tables, ocp_tables);
+        store_key(loads[i], sh.keys + ((batch + i) * kKeysPerPass + key_group) * kKeyStride, key_lane, sh.tables,
+                  ocp_tables);
       }
     }
     __syncthreads();
