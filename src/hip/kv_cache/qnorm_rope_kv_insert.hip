@@ -299,6 +299,22 @@ __global__ void __launch_bounds__(kElementwiseThreads) qnorm_rope_kv_insert_kern
   }
 }
 
+// KV-only calls (padded_heads == 0: kv_rope_quant_insert, kv_norm_rope_quant_insert; always the
+// fp8_ds_mla store): one job per group and turn, without the next job's loads held in registers. With a
+// wave of groups covering ~one job each at prefill sizes, the pipelining buys little, and its registers
+// (79 in the general kernel) leave 3 blocks a multiprocessor; the H200 profile at N = 8192 was issue-bound
+// at 37.5% occupancy.
+template <Fp8Format F>
+__global__ void __launch_bounds__(kElementwiseThreads) kv_only_insert_kernel(QnormRopeKvInsertArgs args) {
+  wait_for_previous_kernel();  // launched to overlap the kernel before it (launch_overlapping)
+  const int lane = threadIdx.x % kGroupLanes;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * kGroupsPerBlock;
+  for (int64_t token = static_cast<int64_t>(blockIdx.x) * kGroupsPerBlock + threadIdx.x / kGroupLanes;
+       token < args.tokens; token += stride) {
+    finish_job<F, KvRowStore::kDsMlaRecord>(args, begin_job(args, IndexSplit{token, 0}, lane), lane);
+  }
+}
+
 }  // namespace
 
 LaunchStatus launch_qnorm_rope_kv_insert(const QnormRopeKvInsertArgs& args, void* stream) {
@@ -323,6 +339,11 @@ LaunchStatus launch_qnorm_rope_kv_insert(const QnormRopeKvInsertArgs& args, void
     constexpr auto kFp8 = qnorm_rope_kv_insert_kernel<kFormat, KvRowStore::kFp8Row>;
     constexpr auto kDsMla = qnorm_rope_kv_insert_kernel<kFormat, KvRowStore::kDsMlaRecord>;
     const dim3 block(kElementwiseThreads);
+    if (args.padded_heads == 0 && args.kv_store == KvRowStore::kDsMlaRecord) {
+      constexpr auto kKvOnly = kv_only_insert_kernel<kFormat>;
+      launch_overlapping(kKvOnly, grid(one_wave_blocks<kKvOnly>(kElementwiseThreads)), block, 0, hip_stream, args);
+      return;
+    }
     switch (args.kv_store) {
       case KvRowStore::kBf16Row:
         launch_overlapping(kBf16, grid(one_wave_blocks<kBf16>(kElementwiseThreads)), block, 0, hip_stream, args);
