@@ -5,13 +5,18 @@
 //
 // Both kernels are memory bound and treat the input as a flat array: o [S, H, 512] read as [S, G, D]
 // is the same element order as x_fp8 [S, G, D] (spec §3.5), so element e of o becomes byte e of x_fp8.
-// group quant: a thread owns 32 consecutive lanes (four 16-byte loads, two 16-byte stores); a quant group
-// of group_size lanes is group_size / 32 consecutive threads (1, 2 or 4), whose amax is a butterfly of
-// shuffles. 448 = 14 * 32, so a thread's lanes are all NoPE or all rope lanes of one head.
+// group quant: a thread owns 32 consecutive lanes of one head's row (four 16-byte loads, two 16-byte
+// stores); a quant group of group_size lanes is group_size / 32 consecutive threads (1, 2 or 4), whose
+// amax is a butterfly of shuffles. 448 = 14 * 32, so a thread's lanes are all NoPE or all rope lanes. Rows
+// (token, head) go in blocks of 8, and the 32 consecutive items of a block cover one 128-lane quarter of
+// its 8 rows (4 threads a row): a 32-lane warp then works on one quarter, so only the warps of the last
+// quarter hold rope lanes and pay for the rope's table loads and rotation (with 32 lanes of one row a
+// thread, every warp held two rope threads and waited for them). The item's row, quarter and lanes come
+// from shifts and masks, not divisions.
 // inverse_rope: a thread owns 8 lanes (one 16-byte load and store).
-// Grid-stride loops over the threads' items (a multiple of 16 for the quantizer, run to the next multiple
-// of 32 with the extra lanes idle; a multiple of 64 for inverse_rope), so a warp (32 lanes on NVIDIA) is
-// always wholly active or wholly done, and a shuffle group (<= 4 aligned lanes) on either vendor too.
+// Grid-stride loops over the threads' items (a multiple of 128 for the quantizer, with the rows past the
+// end idle; a multiple of 64 for inverse_rope), so a warp (32 lanes on NVIDIA) is always wholly active
+// or wholly done, and a shuffle group (<= 4 aligned lanes) on either vendor too.
 #include "dsv4/bf16.h"
 #include "dsv4/ds_mla.h"
 #include "dsv4/fp8.h"
@@ -30,6 +35,10 @@ constexpr int kRopeDim = 64;
 constexpr int kNopeDim = kHeadDim - kRopeDim;
 constexpr float kGroupAmaxFloor = 1e-8f;  // spec §3.3, as the CPU path
 constexpr int kQuantLanes = 32;           // lanes per thread, group quant
+constexpr int kQuarterLanes = 128;        // lanes of a row per 32 consecutive group-quant items
+constexpr int kQuarterThreads = kQuarterLanes / kQuantLanes;               // 4
+constexpr int kBlockRows = 32 / kQuarterThreads;                           // 8
+constexpr int64_t kRowBlockItems = int64_t{kBlockRows} * kHeadDim / kQuantLanes;  // 128
 constexpr int kRopeLanes = 8;             // lanes per thread, inverse_rope
 
 template <int kCount>
@@ -81,26 +90,27 @@ DSV4_DEVICE void encode_scaled(const float (&values)[kQuantLanes], float inverse
   for (int w = 0; w < kQuantLanes / 4; ++w) words[w] = pair(4 * w) | (pair(4 * w + 2) << 16);
 }
 
+// flat_scales: x_scale is contiguous [tokens, groups, D / group_size], so a group's scale byte is number
+// flat lane / group_size.
 template <Fp8Format F, int kGroupThreads, bool kBf16Table>
 __global__ void __launch_bounds__(kElementwiseThreads)
-    group_quant_kernel(InverseRopeGroupQuantArgs args, int64_t items, bool vector) {
+    group_quant_kernel(InverseRopeGroupQuantArgs args, int64_t items, bool vector, bool flat_scales) {
   wait_for_previous_kernel();  // launched to overlap the kernel before it (launch_overlapping)
-  const int64_t items_per_token = args.heads * (kHeadDim / kQuantLanes);
-  const int64_t width = args.heads * kHeadDim / args.groups;  // D
-  // items is a multiple of 16: the loop runs to the next multiple of 32 so that a 32-lane warp is wholly
-  // in or out (the shuffles need every lane); lanes past the end load, rotate and store nothing.
-  const int64_t loop_items = (items + 31) / 32 * 32;
-  for (int64_t item = global_thread_index(); item < loop_items; item += global_thread_count()) {
-    const bool valid = item < items;
-    const IndexSplit split = divide_index(valid ? item : 0, items_per_token);
-    const int64_t token = split.quotient;
-    const int64_t lane_in_token = split.remainder * kQuantLanes;
-    const int64_t flat = item * kQuantLanes;
+  constexpr int kGroupLanes = kGroupThreads * kQuantLanes;
+  const int64_t rows = args.tokens * args.heads;
+  for (int64_t item = global_thread_index(); item < items; item += global_thread_count()) {
+    const auto unsigned_item = static_cast<uint64_t>(item);
+    const int within = static_cast<int>(unsigned_item % kRowBlockItems);
+    const int64_t row = static_cast<int64_t>(unsigned_item / kRowBlockItems) * kBlockRows +
+                        (within % 32) / kQuarterThreads;
+    const int lane = within / 32 * kQuarterLanes + within % kQuarterThreads * kQuantLanes;  // of the head
+    const bool valid = row < rows;
+    const int64_t flat = row * kHeadDim + lane;
     float values[kQuantLanes];
     if (valid) {
       load_bf16<kQuantLanes>(args.o + flat, vector, values);
-      if (args.apply_inverse_rope) {
-        unrotate<kQuantLanes, kBf16Table>(args.rope, token, static_cast<int>(lane_in_token % kHeadDim), values);
+      if (args.apply_inverse_rope && lane >= kNopeDim) {
+        unrotate<kQuantLanes, kBf16Table>(args.rope, divide_index(row, args.heads).quotient, lane, values);
       }
     } else {
 #pragma unroll
@@ -143,9 +153,14 @@ __global__ void __launch_bounds__(kElementwiseThreads)
       for (int i = 0; i < kQuantLanes; ++i) out[i] = static_cast<uint8_t>(words[i / 4] >> (8 * (i % 4)));
     }
     if (item % kGroupThreads == 0) {
-      const IndexSplit gk = divide_index(lane_in_token, width);
-      args.x_scale[token * args.scale_token_stride + gk.quotient * args.scale_group_stride +
-                   gk.remainder / args.group_size] = byte;
+      if (flat_scales) {
+        args.x_scale[flat / kGroupLanes] = byte;
+      } else {
+        const IndexSplit token_head = divide_index(row, args.heads);
+        const IndexSplit gk = divide_index(token_head.remainder * kHeadDim + lane, args.heads * kHeadDim / args.groups);
+        args.x_scale[token_head.quotient * args.scale_token_stride + gk.quotient * args.scale_group_stride +
+                     gk.remainder / kGroupLanes] = byte;
+      }
     }
   }
 }
@@ -180,18 +195,22 @@ __global__ void __launch_bounds__(kElementwiseThreads)
 }
 
 template <Fp8Format F, bool kBf16Table>
-void launch_group_quant(const InverseRopeGroupQuantArgs& args, int64_t items, bool vector, hipStream_t stream) {
+void launch_group_quant(const InverseRopeGroupQuantArgs& args, int64_t items, bool vector, bool flat_scales,
+                        hipStream_t stream) {
   const dim3 grid(elementwise_blocks(items));
   const dim3 block(kElementwiseThreads);
+  const auto launch = [&](auto kernel) {
+    launch_overlapping(kernel, grid, block, 0, stream, args, items, vector, flat_scales);
+  };
   switch (args.group_size) {
     case 32:
-      launch_overlapping(group_quant_kernel<F, 1, kBf16Table>, grid, block, 0, stream, args, items, vector);
+      launch(group_quant_kernel<F, 1, kBf16Table>);
       break;
     case 64:
-      launch_overlapping(group_quant_kernel<F, 2, kBf16Table>, grid, block, 0, stream, args, items, vector);
+      launch(group_quant_kernel<F, 2, kBf16Table>);
       break;
     default:
-      launch_overlapping(group_quant_kernel<F, 4, kBf16Table>, grid, block, 0, stream, args, items, vector);
+      launch(group_quant_kernel<F, 4, kBf16Table>);
       break;
   }
 }
@@ -204,15 +223,19 @@ LaunchStatus launch_inverse_rope_group_quant(const InverseRopeGroupQuantArgs& ar
       ((args.heads * kHeadDim) / args.groups) % args.group_size != 0 || !(args.quant_max > 0.0f)) {
     return LaunchStatus::kInvalidArgument;
   }
-  const int64_t items = args.tokens * args.heads * (kHeadDim / kQuantLanes);
-  if (items == 0) return LaunchStatus::kOk;
+  const int64_t rows = args.tokens * args.heads;
+  if (rows == 0) return LaunchStatus::kOk;
+  const int64_t items = (rows + kBlockRows - 1) / kBlockRows * kRowBlockItems;
   const bool vector = is_aligned(args.o, 16) && is_aligned(args.x_fp8, 16);
+  const int64_t group_scales = args.heads * kHeadDim / args.groups / args.group_size;  // per (token, group)
+  const bool flat_scales = (args.groups == 1 || args.scale_group_stride == group_scales) &&
+                           args.scale_token_stride == args.groups * group_scales;
   const auto hip_stream = static_cast<hipStream_t>(stream);
   with_fp8_format(args.format, [&](auto tag) {
     if (args.rope.bf16) {
-      launch_group_quant<decltype(tag)::value, true>(args, items, vector, hip_stream);
+      launch_group_quant<decltype(tag)::value, true>(args, items, vector, flat_scales, hip_stream);
     } else {
-      launch_group_quant<decltype(tag)::value, false>(args, items, vector, hip_stream);
+      launch_group_quant<decltype(tag)::value, false>(args, items, vector, flat_scales, hip_stream);
     }
   });
   return last_launch_status();
