@@ -213,6 +213,7 @@ template <int kMixes>
 __global__ void __launch_bounds__(kThreads) mhc_split_fn_kernel(const float* fn, int64_t count, FnChunk<kMixes>* chunks) {
   using Chunk = FnChunk<kMixes>;
   static_assert(sizeof(Chunk) <= split_chunk_bytes_bound(kMixes), "the host sizes the workspace by this bound");
+  release_dependents();  // launched plainly: what the dots kernel reads before its wait is complete
   const int64_t vectors = count / tile::kChunk * Chunk::kVectors;
   for (int64_t index = global_thread_index(); index < vectors; index += global_thread_count()) {
     const IndexSplit split = divide_index(index, Chunk::kVectors);
@@ -245,9 +246,6 @@ __global__ void __launch_bounds__(kDotsWarps * kWarpSize) mhc_dots_kernel(MhcPre
   const auto k_of = [&](int64_t step) { return (slice.first + step) * tile::kChunk; };
   const int64_t warp_token =
       static_cast<int64_t>(blockIdx.x) * dots_block_tokens(kDotsTilesPerWarp) + warp * kDotsTilesPerWarp * tile::kRows;
-  // Launched to overlap the kernel before (decode sizes): nothing is read before its end.
-  wait_for_previous_kernel();
-  release_dependents();
 
   const uint16_t* rows[kDotsTilesPerWarp][tile::kRowsPerLane];
   bool valid[kDotsTilesPerWarp][tile::kRowsPerLane];
@@ -322,9 +320,15 @@ __global__ void __launch_bounds__(kDotsWarps * kWarpSize) mhc_dots_kernel(MhcPre
   // Pipeline: while a chunk is multiplied (fn from one shared buffer), the next chunk's stream values and
   // fn values load into registers, and the fn values then go to the other buffer: one barrier per chunk.
   Runs next_runs;
+  // Launched to overlap the kernel before it. With kPresplit that is the fn split, which released this
+  // kernel at its start: the residual, complete before the split began, loads before the wait for the split
+  // chunks. Otherwise it may be the residual's writer (chained decode): nothing is read before its end.
+  if (kPresplit && steps > 0) load_a(k_of(0), next_runs);
+  wait_for_previous_kernel();
+  release_dependents();
   if (steps > 0) {
     stage(0);
-    load_a(k_of(0), next_runs);
+    if (!kPresplit) load_a(k_of(0), next_runs);
     store_staged(fn_chunks[0]);
     __syncthreads();
   }
@@ -664,12 +668,12 @@ void launch_pre_kernels(const MhcPreArgs& args, hipStream_t stream) {
     const int64_t vectors = count / tile::kChunk * split_chunk_bytes_bound(kMixes) / (kSplitPlanes * 2 * 4);
     hipLaunchKernelGGL((mhc_split_fn_kernel<kMixes>), dim3(elementwise_blocks(vectors)), dim3(kThreads), 0, stream,
                        args.fn, count, split_fn);
+    // Overlapping the split, whose run the dots blocks' first residual loads then overlap.
+    const auto* chunks = static_cast<const FnChunk<kMixes>*>(split_fn);
     if (dots_tiles_per_warp(args.tokens) == 2) {
-      hipLaunchKernelGGL((mhc_dots_kernel<kMixes, true, 2>), dots_grid, dots_block, 0, stream, args,
-                         static_cast<const FnChunk<kMixes>*>(split_fn));
+      launch_overlapping(mhc_dots_kernel<kMixes, true, 2>, dots_grid, dots_block, 0, stream, args, chunks);
     } else {
-      hipLaunchKernelGGL((mhc_dots_kernel<kMixes, true, 1>), dots_grid, dots_block, 0, stream, args,
-                         static_cast<const FnChunk<kMixes>*>(split_fn));
+      launch_overlapping(mhc_dots_kernel<kMixes, true, 1>, dots_grid, dots_block, 0, stream, args, chunks);
     }
   } else {
     // One tile per warp: two start past the presplit threshold, so token_blocks() counted one-tile blocks.
