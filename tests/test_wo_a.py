@@ -540,7 +540,7 @@ def _misaligned(t: torch.Tensor, shift_bytes: int) -> torch.Tensor:
 
 @gpu
 @pytest.mark.parametrize("fmt,qmax", FORMAT_MAXES)
-@pytest.mark.parametrize("heads,groups,s", [(64, 8, 4096), (128, 16, 257), (16, 2, 1), (8, 1, 33)])
+@pytest.mark.parametrize("heads,groups,s", [(64, 8, 4096), (128, 16, 257), (16, 2, 1), (8, 1, 33), (4, 2, 5), (1, 1, 3)])
 @pytest.mark.parametrize("group_size", [128, 32])
 @pytest.mark.parametrize("table_dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("misaligned", [False, True])
