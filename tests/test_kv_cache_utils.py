@@ -170,6 +170,7 @@ T = torch.zeros(2, 1, dtype=torch.int32)
         ((O, C, L, None, T, 16, 0, 2), "fp8_format must be 0"),
         ((torch.zeros(2 * 8 * 512 + 1, dtype=torch.bfloat16)[1:].view(2, 8, 512), C, L, None, T, 16, 0, 0),
          "16-byte aligned"),
+        ((O[:1].expand(2, 8, 512), C, L, None, T, 16, 0, 0), "out must not overlap itself"),
     ],
 )
 def test_gather_invalid_inputs(args, match):

@@ -324,6 +324,8 @@ def test_zero_tokens_and_invalid_inputs(device):
         (dict(extra=main_cache), "extra_cache, extra_indices and extra_indptr come together"),
         (dict(cos_sin=torch.zeros(8, 64, device=device)), "cos_sin and positions come together"),
         (dict(out=torch.empty(2, 3, 512, dtype=torch.bfloat16, device=device)), "out must have q's shape"),
+        (dict(out=torch.empty(1, 1, 512, dtype=torch.bfloat16, device=device).expand(2, 4, 512)),
+         "out must not overlap itself"),
         (dict(cache=main_cache[:, :1000]), "cannot hold block_size=64 records|must be contiguous"),
     ]:
         with pytest.raises(RuntimeError, match=match):

@@ -260,6 +260,22 @@ def test_zero_tokens(device):
                                                  torch.zeros(1, 1, 2, dtype=torch.uint8),
                                                  torch.zeros(1, 1, 1, dtype=torch.uint8), torch.bfloat16),
          r"x_scale must be \[1, 1, 1\]"),
+        (lambda: torch.ops.dsv4.bmm_a8w8_mxscale(torch.zeros(2, 0, 128, dtype=torch.float8_e4m3fn),
+                                                 torch.zeros(0, 128, 128, dtype=torch.float8_e4m3fn),
+                                                 torch.zeros(2, 0, 1, dtype=torch.uint8),
+                                                 torch.zeros(0, 1, 1, dtype=torch.uint8), torch.bfloat16),
+         r"at least one group \(G > 0\)"),
+        (lambda: torch.ops.dsv4.bmm_a8w8_mxscale.out(torch.zeros(2, 2, 128, dtype=torch.float8_e4m3fn),
+                                                     torch.zeros(2, 128, 128, dtype=torch.float8_e4m3fn),
+                                                     torch.zeros(2, 2, 1, dtype=torch.uint8),
+                                                     torch.zeros(2, 1, 1, dtype=torch.uint8),
+                                                     out=torch.zeros(2, 1, 128, dtype=torch.bfloat16).expand(2, 2, 128)),
+         "out must not overlap itself"),
+        (lambda: torch.ops.dsv4.inverse_rope_group_quant.out(
+            torch.zeros(2, 8, 512, dtype=torch.bfloat16), torch.arange(2), rope_table(8), 2, 128, 0, 448.0, True,
+            x_fp8=torch.empty(2, 2, 2048, dtype=torch.float8_e4m3fn),
+            x_scale=torch.zeros(1, 2, 16, dtype=torch.uint8).expand(2, 2, 16)),
+         "x_scale must not overlap itself"),
     ],
 )
 def test_invalid_inputs(call, match):

@@ -1,7 +1,10 @@
 #include "common.h"
 
+#include <algorithm>
 #include <cmath>
 #include <sstream>
+#include <utility>
+#include <vector>
 
 namespace dsv4::bindings {
 
@@ -60,6 +63,26 @@ void check_dtype(const Tensor& t, const char* op, const char* arg, std::initiali
 void check_contiguous(const Tensor& t, const char* op, const char* arg) {
   STD_TORCH_CHECK(t.is_contiguous(), op, ": ", arg, " must be contiguous (shape ", shape_string(t),
                   "); call .contiguous() first");
+}
+
+void check_no_self_overlap(const Tensor& t, const char* op, const char* arg) {
+  // A sufficient test: with the dims of more than one element in stride order, each stride reaches past
+  // every element the dims before it span.
+  std::vector<std::pair<int64_t, int64_t>> dims;  // (stride, size)
+  for (int64_t d = 0; d < t.dim(); ++d) {
+    if (t.size(d) > 1) dims.emplace_back(t.stride(d), t.size(d));
+  }
+  std::sort(dims.begin(), dims.end());
+  int64_t span = 1;
+  for (const auto& [stride, size] : dims) {
+    if (stride < span) {
+      std::ostringstream strides;
+      for (int64_t d = 0; d < t.dim(); ++d) strides << (d ? ", " : "") << t.stride(d);
+      STD_TORCH_CHECK(false, op, ": ", arg, " must not overlap itself (an output whose elements share memory, "
+                      "such as an expanded view), got shape ", shape_string(t), " with strides [", strides.str(), "]");
+    }
+    span += stride * (size - 1);
+  }
 }
 
 void check_same_device(const Tensor& a, const char* arg_a, const Tensor& b, const char* arg_b, const char* op) {

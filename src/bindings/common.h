@@ -30,6 +30,9 @@ std::string device_string(const Tensor& t);
 
 void check_dtype(const Tensor& t, const char* op, const char* arg, std::initializer_list<ScalarType> allowed);
 void check_contiguous(const Tensor& t, const char* op, const char* arg);
+// Refuses a strided output whose elements share memory (an expanded view, say): the kernels' threads would
+// race on them and the result would depend on scheduling.
+void check_no_self_overlap(const Tensor& t, const char* op, const char* arg);
 void check_same_device(const Tensor& a, const char* arg_a, const Tensor& b, const char* arg_b, const char* op);
 Fp8Format checked_fp8_format(int64_t value, const char* op);
 ScalarType fp8_dtype(Fp8Format format);

@@ -69,6 +69,7 @@ void dequantize_and_gather_k_cache(Tensor out, const Tensor& k_cache, const Tens
   STD_TORCH_CHECK(out.stride(2) == 1 && (out.stride(0) * 2) % kVectorBytes == 0 &&
                       (out.stride(1) * 2) % kVectorBytes == 0 && aligned(out),
                   kOp, ": out rows must be contiguous and 16-byte aligned");
+  check_no_self_overlap(out, kOp, "out");
   const Fp8Format format = checked_fp8_format(fp8_format, kOp);
   const DsMlaCache cache = checked_cache(k_cache, block_size, kOp, "k_cache");
   const int64_t requests = out.size(0);

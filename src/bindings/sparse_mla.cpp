@@ -49,6 +49,7 @@ void sparse_mla_decode(const Tensor& q, const Tensor& main_cache, const Tensor& 
   constexpr const char* kOp = "dsv4.sparse_mla_decode";
   check_rows(q, kOp, "q");
   check_rows(out, kOp, "out");
+  check_no_self_overlap(out, kOp, "out");
   STD_TORCH_CHECK(out.size(0) == q.size(0) && out.size(1) == q.size(1), kOp, ": out must have q's shape ",
                   shape_string(q), ", got ", shape_string(out));
   check_same_device(q, "q", out, "out", kOp);

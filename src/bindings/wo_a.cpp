@@ -106,6 +106,7 @@ void inverse_rope_group_quant_out(const Tensor& o, const Tensor& positions, cons
                   kOp, ": x_scale must have shape [", o.size(0), ", ", num_groups, ", ", d / group_size,
                   "] with a unit last stride, got ", shape_string(x_scale));
   check_same_device(o, "o", x_fp8, "x_fp8", kOp);
+  check_no_self_overlap(x_scale, kOp, "x_scale");
   check_same_device(o, "o", x_scale, "x_scale", kOp);
   args.x_fp8 = static_cast<uint8_t*>(x_fp8.data_ptr());
   args.x_scale = static_cast<uint8_t*>(x_scale.data_ptr());
@@ -139,6 +140,7 @@ BmmA8W8MxScaleArgs checked_bmm(const Tensor& x, const Tensor& w, const Tensor& x
   STD_TORCH_CHECK(x.dim() == 3 && w.dim() == 3, op, ": x must be [M, G, K] and w [G, N, K], got ", shape_string(x),
                   " and ", shape_string(w));
   const int64_t m = x.size(0), groups = x.size(1), k = x.size(2), n = w.size(1);
+  STD_TORCH_CHECK(groups > 0, op, ": x and w must have at least one group (G > 0), got x ", shape_string(x));
   STD_TORCH_CHECK(w.size(0) == groups && w.size(2) == k, op, ": w must be [", groups, ", N, ", k, "], got ",
                   shape_string(w));
   STD_TORCH_CHECK(k % kScaleBlock == 0 && n % kScaleBlock == 0 && k > 0 && n > 0, op,
@@ -207,6 +209,7 @@ void bmm_a8w8_mxscale_out(const Tensor& x, const Tensor& w, const Tensor& x_scal
                       (args.n <= 1 || out.stride(2) == 1),
                   kOp, ": out must be [", args.m, ", ", args.groups, ", ", args.n,
                   "] with N contiguous (any M and G strides), got ", shape_string(out));
+  check_no_self_overlap(out, kOp, "out");
   check_same_device(x, "x", out, "out", kOp);
   run_bmm(args, out, kOp);
 }
