@@ -276,9 +276,14 @@ def test_invalid_inputs_and_op_checks():
         ((q, k, torch.ones(9), torch.ones(3, 4), ks, ke), r"k_scale must be \[N\] or \[N, 1\]"),
         ((q, k, torch.ones(10), torch.ones(3, 5), ks, ke), r"weights must be \[3, 4\]"),
         ((q, k, torch.ones(10), torch.ones(3, 4), ks.long(), ke), "cu_seqlen_ks must have dtype int32"),
+        ((q[:, :0], k, torch.ones(10), torch.ones(3, 0), ks, ke), "q must have at least one head"),
     ]:
         with pytest.raises(RuntimeError, match=match):
             torch.ops.dsv4.fp8_mqa_logits(*args, True)
+    with pytest.raises(RuntimeError, match="q must have at least one head"):
+        torch.ops.dsv4.fp8_paged_mqa_logits(q.reshape(3, 1, 4, 32)[:, :, :0], torch.zeros(2, 100, dtype=torch.uint8),
+                                            torch.ones(3, 0), torch.ones(3, dtype=torch.int32),
+                                            torch.zeros(3, 2, dtype=torch.int32), 8, True, 0)
     with pytest.raises(RuntimeError, match="is not a whole number of 36-byte entries"):
         torch.ops.dsv4.fp8_paged_mqa_logits(q.reshape(3, 1, 4, 32), torch.zeros(2, 100, dtype=torch.uint8),
                                             torch.ones(3, 4), torch.ones(3, dtype=torch.int32),

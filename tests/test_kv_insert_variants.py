@@ -304,6 +304,53 @@ def test_full_cache_overlap_is_refused():
                                                            True, 0, 448.0)
 
 
+def test_inputs_inside_the_cache_are_refused():
+    """spec/kv_cache.md §3.3: k_cache must not alias the inputs (the writes would change what later tokens
+    read). The extents are the tensors' real spans, strides included."""
+    pool = torch.zeros(1, 16 * 584 + 4096, dtype=torch.uint8)
+    cache = pool[:, :16 * 584]
+    kv_in_cache = pool.view(-1)[:3 * 1024].view(torch.bfloat16).view(3, 512)
+    with pytest.raises(RuntimeError, match="kv must not overlap k_cache"):
+        torch.ops.dsv4.kv_rope_quant_insert(kv_in_cache, cache, IDX, IDX, CS, 16, 0, 448.0)
+    with pytest.raises(RuntimeError, match="norm_weight must not overlap k_cache"):
+        torch.ops.dsv4.kv_norm_rope_quant_insert(KV3, pool.view(-1)[:1024].view(torch.bfloat16), cache, IDX, IDX, CS,
+                                                 EPS, 16, 0, 448.0)
+    q_in_cache = pool.view(-1)[:3 * 2 * 1024].view(torch.bfloat16).view(3, 2, 512)
+    with pytest.raises(RuntimeError, match="q_in must not overlap k_cache"):
+        torch.ops.dsv4.qnorm_rope_kv_insert(q_in_cache, KV3, cache, IDX, IDX, CS, 2, EPS, 16, True, 0, 448.0)
+    # A cache whose blocks are padded (stride(0) past its rows): q_out in block 1's rows is inside its span.
+    padded = torch.zeros(2, 2 * 16 * 584, dtype=torch.uint8)
+    q_out = padded[1, :3 * 2 * 1024].view(torch.bfloat16).view(3, 2, 512)
+    with pytest.raises(RuntimeError, match="q_out must not overlap kv or k_cache"):
+        torch.ops.dsv4.qnorm_rope_kv_insert.out(BF16_Q, KV3, padded[:, :16 * 584], IDX, IDX, CS, 2, EPS, 16, True, 0,
+                                                448.0, q_out=q_out)
+    bf16_pool = torch.zeros(2 * 16 * 512 + 3 * 512, dtype=torch.bfloat16)
+    with pytest.raises(RuntimeError, match="kv must not overlap k_cache"):
+        torch.ops.dsv4.qnorm_rope_kv_insert_full_cache_bf16(BF16_Q.clone(), bf16_pool[:3 * 512].view(3, 512),
+                                                            bf16_pool[:2 * 16 * 512].view(2, 16, 512), IDX, IDX, CS,
+                                                            EPS, 16, True)
+    fp8_cache = torch.zeros(2 * 16 * 512 + 4, dtype=torch.uint8)
+    with pytest.raises(RuntimeError, match="fp8_scale and q_fp8_scale_inv must not overlap"):
+        torch.ops.dsv4.qnorm_rope_kv_insert_full_cache_fp8(BF16_Q, KV3, Q_FP8.clone(),
+                                                           fp8_cache[:2 * 16 * 512].view(2, 16, 512), IDX, IDX, CS,
+                                                           fp8_cache[:4].view(torch.float32), ONE, EPS, 16, True, 0,
+                                                           448.0)
+
+
+def test_plain_cache_of_one_row_blocks():
+    """Block size 1: the row stride of a size-1 dim is not a layout constraint, but blocks must not overlap."""
+    rows = torch.zeros(1, 4, 512, dtype=torch.bfloat16).transpose(0, 1)  # strides (512, 2048, 1): valid
+    q = BF16_Q.clone()
+    torch.ops.dsv4.qnorm_rope_kv_insert_full_cache_bf16(q, KV3, rows, IDX, IDX, CS, EPS, 1, True)
+    want = PLAIN[:1, :4].clone().view(4, 1, 512)
+    torch.ops.dsv4.qnorm_rope_kv_insert_full_cache_bf16(BF16_Q.clone(), KV3, want, IDX, IDX, CS, EPS, 1, True)
+    assert torch.equal(rows, want)
+    overlapping = torch.zeros(8 * 4 + 512, dtype=torch.bfloat16).as_strided((4, 1, 512), (8, 8, 1))
+    with pytest.raises(RuntimeError, match="k_cache rows overlap"):
+        torch.ops.dsv4.qnorm_rope_kv_insert_full_cache_bf16(BF16_Q.clone(), KV3, overlapping, IDX, IDX, CS, EPS, 1,
+                                                            True)
+
+
 def test_kv_norm_invalid_inputs():
     cache = torch.zeros(1, 16 * 584, dtype=torch.uint8)
     w = torch.ones(512, dtype=torch.bfloat16)

@@ -104,9 +104,12 @@ Tensor fp8_block_dequantize(const Tensor& x, const Tensor& scale, int64_t block_
   }
   geometry.rows = x.size(dims - 2);
   geometry.cols = x.size(dims - 1);
-  STD_TORCH_CHECK(geometry.cols <= INT32_MAX && block_cols <= INT32_MAX, kOp,
-                  ": rows of more than 2^31-1 columns (or column blocks that wide) are not supported, got cols=",
-                  geometry.cols, " block_cols=", block_cols);
+  // The GPU kernel steps 32-bit column indices by its block width: rows stop short of 2^31 by more than
+  // any block width.
+  constexpr int64_t kMaxCols = INT32_MAX - (int64_t{1} << 16);
+  STD_TORCH_CHECK(geometry.cols <= kMaxCols && block_cols <= INT32_MAX, kOp, ": rows of more than ", kMaxCols,
+                  " columns (or column blocks of more than 2^31-1) are not supported, got cols=", geometry.cols,
+                  " block_cols=", block_cols);
   geometry.block_rows = block_rows;
   geometry.block_cols = block_cols;
   geometry.scale_rows = (geometry.rows + block_rows - 1) / block_rows;

@@ -34,6 +34,7 @@ Tensor fp8_mqa_logits(const Tensor& q, const Tensor& k, const Tensor& k_scale, c
   STD_TORCH_CHECK(q.dim() == 3 && q.size(2) >= 1 && q.stride(2) == 1, kOp,
                   ": q must have shape [M, H, D] with D contiguous, got ", shape_string(q));
   const int64_t m = q.size(0), heads = q.size(1), dim = q.size(2);
+  STD_TORCH_CHECK(heads >= 1, kOp, ": q must have at least one head, got shape ", shape_string(q));
   STD_TORCH_CHECK(k.dim() == 2 && k.size(1) == dim && (k.size(1) <= 1 || k.stride(1) == 1), kOp,
                   ": k must have shape [N, ", dim, "] with D contiguous, got ", shape_string(k));
   const int64_t n = k.size(0);
@@ -77,6 +78,7 @@ Tensor fp8_paged_mqa_logits(const Tensor& q, const Tensor& kv_cache, const Tenso
                   ": q must have shape [B, next_n, H, D], got ", shape_string(q));
   check_contiguous(q, kOp, "q");
   const int64_t batch = q.size(0), next_n = q.size(1), heads = q.size(2), dim = q.size(3);
+  STD_TORCH_CHECK(heads >= 1, kOp, ": q must have at least one head, got shape ", shape_string(q));
   check_dtype(kv_cache, kOp, "kv_cache", {ScalarType::Byte});
   STD_TORCH_CHECK(kv_cache.dim() >= 2, kOp, ": kv_cache must be [num_blocks, ...] bytes, got ", shape_string(kv_cache));
   int64_t block_bytes = 1;

@@ -15,6 +15,19 @@ constexpr int64_t kVectorBytes = 16;
 
 bool aligned(const Tensor& t) { return is_aligned(t.data_ptr(), kVectorBytes); }
 
+// Whether the byte ranges the two tensors span (first to last element, whatever their strides) meet.
+bool overlaps(const Tensor& a, const Tensor& b) {
+  const auto span = [](const Tensor& t) {
+    int64_t last = 0;  // the last element's offset, in elements
+    for (int64_t d = 0; d < t.dim(); ++d) last += (t.size(d) - 1) * t.stride(d);
+    return (last + 1) * static_cast<int64_t>(t.element_size());
+  };
+  if (a.numel() == 0 || b.numel() == 0) return false;
+  const auto* a0 = static_cast<const uint8_t*>(a.data_ptr());
+  const auto* b0 = static_cast<const uint8_t*>(b.data_ptr());
+  return a0 < b0 + span(b) && b0 < a0 + span(a);
+}
+
 void check_index_vector(const Tensor& t, ScalarType dtype, int64_t length, const char* op, const char* arg) {
   check_dtype(t, op, arg, {dtype});
   STD_TORCH_CHECK(t.dim() == 1, op, ": ", arg, " must be 1-D, got shape ", shape_string(t));
@@ -45,6 +58,8 @@ void quantize_and_insert_k_cache(const Tensor& k, Tensor k_cache, const Tensor& 
                   " entries for ", k.size(0), " rows of k");
   check_same_device(k, "k", k_cache, "k_cache", kOp);
   check_same_device(k, "k", slot_mapping, "slot_mapping", kOp);
+  STD_TORCH_CHECK(!overlaps(k, k_cache) && !overlaps(slot_mapping, k_cache), kOp,
+                  ": k and slot_mapping must not overlap k_cache");
   args.k = static_cast<const uint16_t*>(k.data_ptr());
   args.k_row_stride = k.stride(0);
   args.slot_mapping = static_cast<const int64_t*>(slot_mapping.data_ptr());
@@ -86,6 +101,9 @@ void dequantize_and_gather_k_cache(Tensor out, const Tensor& k_cache, const Tens
   check_same_device(out, "out", seq_lens, "seq_lens", kOp);
   check_same_device(out, "out", block_table, "block_table", kOp);
   if (gather_lens.has_value()) check_same_device(out, "out", *gather_lens, "gather_lens", kOp);
+  STD_TORCH_CHECK(!overlaps(out, k_cache) && !overlaps(out, seq_lens) && !overlaps(out, block_table) &&
+                      !(gather_lens.has_value() && overlaps(out, *gather_lens)),
+                  kOp, ": out must not overlap k_cache, seq_lens, gather_lens or block_table");
   KvGatherArgs args{};
   args.out = static_cast<uint16_t*>(out.data_ptr());
   args.out_request_stride = out.stride(0);
@@ -120,14 +138,6 @@ void check_bf16_rows(const Tensor& t, int64_t dims, const char* op, const char* 
   STD_TORCH_CHECK(aligned(t), op, ": ", arg, " must start 16-byte aligned");
 }
 
-bool overlaps(const Tensor& a, const Tensor& b) {
-  const auto* a0 = static_cast<const uint8_t*>(a.data_ptr());
-  const auto* b0 = static_cast<const uint8_t*>(b.data_ptr());
-  const auto* a1 = a0 + a.numel() * static_cast<int64_t>(a.element_size());
-  const auto* b1 = b0 + b.numel() * static_cast<int64_t>(b.element_size());
-  return a0 < b1 && b0 < a1;
-}
-
 // A plain [num_blocks, block_size, 512] cache of `dtypes` rows (spec/kv_cache.md §4.2-§4.3): rows
 // contiguous, 16-byte aligned and apart, not overlapping.
 PlainKvCache checked_plain_cache(const Tensor& cache, int64_t block_size, std::initializer_list<ScalarType> dtypes,
@@ -137,14 +147,16 @@ PlainKvCache checked_plain_cache(const Tensor& cache, int64_t block_size, std::i
   STD_TORCH_CHECK(cache.dim() == 3 && cache.size(1) == block_size && cache.size(2) == ds_mla::kHeadDim, op,
                   ": k_cache must have shape [num_blocks, ", block_size, ", 512], got ", shape_string(cache));
   const int64_t element = cache.element_size();
-  STD_TORCH_CHECK(cache.stride(2) == 1 && (cache.stride(1) * element) % kVectorBytes == 0 &&
+  // A block's row stride matters only with more than one row (a size-1 dim may carry any stride).
+  const int64_t row_stride = block_size > 1 ? cache.stride(1) : ds_mla::kHeadDim;
+  STD_TORCH_CHECK(cache.stride(2) == 1 && (row_stride * element) % kVectorBytes == 0 &&
                       (cache.stride(0) * element) % kVectorBytes == 0 && aligned(cache),
                   op, ": k_cache rows must be contiguous, 16-byte aligned and a multiple of 16 bytes apart");
-  STD_TORCH_CHECK((block_size <= 1 || cache.stride(1) >= ds_mla::kHeadDim) &&
-                      (cache.size(0) <= 1 || cache.stride(0) >= block_size * cache.stride(1)),
+  STD_TORCH_CHECK(row_stride >= ds_mla::kHeadDim &&
+                      (cache.size(0) <= 1 || cache.stride(0) >= (block_size - 1) * row_stride + ds_mla::kHeadDim),
                   op, ": k_cache rows overlap");
   return PlainKvCache{static_cast<uint8_t*>(cache.data_ptr()), cache.size(0), block_size, cache.stride(0) * element,
-                      cache.stride(1) * element};
+                      row_stride * element};
 }
 
 // Checks the KV side shared by the whole family (kv rows, indices, cos/sin table) and fills those launch
@@ -185,6 +197,7 @@ void set_ds_mla_cache(QnormRopeKvInsertArgs& args, const Tensor& k_cache, const 
   args.kv_store = KvRowStore::kDsMlaRecord;
   args.cache = checked_cache(k_cache, block_size, op, "k_cache");
   check_same_device(kv, "kv", k_cache, "k_cache", op);
+  STD_TORCH_CHECK(!overlaps(kv, k_cache), op, ": kv must not overlap k_cache");
 }
 
 // The Q input: bf16 [tokens, heads >= 1, 512], contiguous. Checked before the KV side, so that a bad q
@@ -224,6 +237,7 @@ QnormRopeKvInsertArgs checked_qnorm_rope_kv_insert(const Tensor& q_in, const Ten
   QnormRopeKvInsertArgs args = checked_kv_side(kv, slot_mapping, position_ids, cos_sin_cache, q_in.size(0),
                                                fp8_format, quant_max, op);
   set_ds_mla_cache(args, k_cache, kv, cache_block_size, op);
+  STD_TORCH_CHECK(!overlaps(q_in, k_cache), op, ": q_in must not overlap k_cache");
   set_q_side(args, q_in, "q_in", kv, eps, apply_q_norm, op);
   STD_TORCH_CHECK(q_head_padded >= q_in.size(1), op, ": q_head_padded must be >= the ", q_in.size(1),
                   " heads of q_in, got ", q_head_padded);
@@ -288,6 +302,7 @@ void qnorm_rope_kv_insert_full_cache_bf16(Tensor q, const Tensor& kv, Tensor k_c
   args.rows = checked_plain_cache(k_cache, cache_block_size, {ScalarType::BFloat16}, kOp);
   check_same_device(kv, "kv", k_cache, "k_cache", kOp);
   STD_TORCH_CHECK(!overlaps(q, kv) && !overlaps(q, k_cache), kOp, ": q must not overlap kv or k_cache");
+  STD_TORCH_CHECK(!overlaps(kv, k_cache), kOp, ": kv must not overlap k_cache");
   args.q_out = static_cast<uint16_t*>(q.data_ptr());  // in place: each Q row is read before it is written
   run_qnorm_rope_kv_insert(args, q, kOp);
 }
@@ -323,6 +338,9 @@ void qnorm_rope_kv_insert_full_cache_fp8(const Tensor& q, const Tensor& kv, Tens
   args.q_fp8 = static_cast<uint8_t*>(q_fp8.data_ptr());
   args.q_scale_inverse = checked_scalar(q_fp8_scale_inv, kv, kOp, "q_fp8_scale_inv");
   args.kv_scale = checked_scalar(fp8_scale, kv, kOp, "fp8_scale");
+  STD_TORCH_CHECK(!overlaps(fp8_scale, k_cache) && !overlaps(fp8_scale, q_fp8) && !overlaps(q_fp8_scale_inv, k_cache) &&
+                      !overlaps(q_fp8_scale_inv, q_fp8),
+                  kOp, ": fp8_scale and q_fp8_scale_inv must not overlap k_cache or q_fp8");
   run_qnorm_rope_kv_insert(args, q, kOp);
 }
 
@@ -358,6 +376,7 @@ void kv_norm_rope_quant_insert(const Tensor& kv, const Tensor& norm_weight, Tens
                                                cache_block_size, fp8_format, quant_max, kOp);
   check_bf16_rows(norm_weight, 1, kOp, "norm_weight", "[512]");
   check_same_device(kv, "kv", norm_weight, "norm_weight", kOp);
+  STD_TORCH_CHECK(!overlaps(norm_weight, k_cache), kOp, ": norm_weight must not overlap k_cache");
   STD_TORCH_CHECK(std::isfinite(eps) && eps >= 0, kOp, ": eps must be finite and >= 0, got ", eps);
   args.kv_norm_weight = static_cast<const uint16_t*>(norm_weight.data_ptr());
   args.eps = static_cast<float>(eps);
