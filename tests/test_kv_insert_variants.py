@@ -14,7 +14,7 @@ from dsv4ops import Fp8Format
 from dsv4ops.reference import kv_cache as reference
 
 from conftest import DEVICES, FORMATS, assert_bits_equal, assert_bytes_equal, capture_graph
-from test_qnorm_rope_kv_insert import EPS, cos_sin_cache, decode_cache, inputs
+from test_qnorm_rope_kv_insert import EPS, bf16_ulp_distance, cos_sin_cache, decode_cache, inputs
 
 CANARY = 0x5A
 
@@ -192,6 +192,31 @@ def test_kv_norm_op_exact_on_exact_sums(device, fmt, bs, n):
     assert_bytes_equal(cache.cpu(), expected)
 
 
+def assert_records_close(got, expected, n, bs, fmt, max_bytes_per_row=4):
+    """fp8_ds_mla records of rows 0..n-1 (slot = row) whose norm factor may differ from the reference's by the
+    order of a sum, which can move a value across a rounding boundary (or a block's amax across a power of two:
+    its scale byte then moves by one and its payload bytes all change). Per row: NoPE values decode within one
+    FP8 step at the reference's block scale, the RoPE tail within 1 bf16 ULP, scale bytes within 1, and in the
+    NoPE blocks whose scale byte agrees at most max_bytes_per_row bytes differ."""
+    got, expected = got.cpu(), expected.cpu()
+    a, b = decode_cache(got, n, bs, fmt), decode_cache(expected, n, bs, fmt)
+    scale_bytes = expected.view(-1, 584 * bs)[:, 576 * bs :].reshape(-1, 8)[:n, :7].float()
+    step = (32.0 if fmt is Fp8Format.OCP else 16.0) * torch.pow(2.0, scale_bytes - 127)
+    err = (a[:, :448].float() - b[:, :448].float()).abs().reshape(n, 7, 64).amax(dim=-1)
+    assert bool((err <= step).all()), "NoPE values more than one FP8 step from the reference"
+    assert int(bf16_ulp_distance(a[:, 448:], b[:, 448:]).max()) <= 1, "RoPE tail more than 1 bf16 ULP off"
+
+    def records(cache):
+        blocks = cache.view(-1, 584 * bs)
+        return blocks[:, : 576 * bs].reshape(-1, 576)[:n], blocks[:, 576 * bs :].reshape(-1, 8)[:n, :7]
+
+    (got_data, got_scales), (want_data, want_scales) = records(got), records(expected)
+    assert int((got_scales.int() - want_scales.int()).abs().max()) <= 1, "a scale byte off by more than one"
+    same_scale = (got_scales == want_scales).repeat_interleave(64, dim=1)  # per NoPE byte
+    differing = ((got_data[:, :448] != want_data[:, :448]) & same_scale).sum(dim=1)
+    assert int(differing.max()) <= max_bytes_per_row, f"a record has {int(differing.max())} differing bytes"
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_kv_norm_op_random_rows(device, fmt):
@@ -200,21 +225,16 @@ def test_kv_norm_op_random_rows(device, fmt):
     at the block scale."""
     n, bs = 512, 64
     kv, weight = kv_norm_inputs(n, seed=30, exact_sums=False)
-    strided = torch.zeros(n, 1024, dtype=torch.bfloat16)
-    strided[:, 256:768] = kv
+    strided = torch.zeros(n, 1024, dtype=torch.bfloat16, device=device)  # built where the kernel runs: a copy
+    strided[:, 256:768] = kv.to(device)                                   # of the view would be contiguous
     kv_view = strided[:, 256:768]  # only stride(1) == 1 and aligned rows are required
+    assert kv_view.stride(0) == 1024
     positions, slots = torch.arange(n), torch.arange(n)
     cache = torch.zeros(n // bs + 1, bs * 584, dtype=torch.uint8, device=device)
-    run_kv_norm(kv_view.to(device) if device == "cpu" else kv_view, weight, cache, slots, positions, bs, fmt, device)
+    run_kv_norm(kv_view, weight, cache, slots, positions, bs, fmt, device)
     expected = torch.zeros(n // bs + 1, bs * 584, dtype=torch.uint8)
     reference.kv_norm_rope_quant_insert(kv, weight, expected, slots, positions, cos_sin_cache(), EPS, bs, fmt)
-    got = cache.cpu()
-    assert float((got != expected).float().mean()) < 1e-3
-    a, b = decode_cache(got, n, bs, fmt).float(), decode_cache(expected, n, bs, fmt).float()
-    scale_bytes = expected.view(-1, 584 * bs)[:, 576 * bs :].reshape(-1, 8)[:n, :7].float()
-    step = (32.0 if fmt is Fp8Format.OCP else 16.0) * torch.pow(2.0, scale_bytes - 127)
-    err = (a[:, :448] - b[:, :448]).abs().reshape(n, 7, 64).amax(dim=-1)
-    assert bool((err <= step).all())
+    assert_records_close(cache, expected, n, bs, fmt)
 
 
 def test_kv_norm_matches_unfused_norm_then_kv_rope_insert():
@@ -228,7 +248,7 @@ def test_kv_norm_matches_unfused_norm_then_kv_rope_insert():
     normed = (x / torch.sqrt((x * x).mean(-1, keepdim=True) + EPS) * weight.float()).to(torch.bfloat16)
     unfused = torch.zeros_like(fused)
     torch.ops.dsv4.kv_rope_quant_insert(normed, unfused, slots, positions, cos_sin_cache(), bs, 0, 448.0)
-    assert float((fused != unfused).float().mean()) < 1e-3
+    assert_records_close(fused, unfused, n, bs, Fp8Format.OCP)
 
 
 BF16_Q = torch.zeros(3, 2, 512, dtype=torch.bfloat16)
@@ -473,4 +493,4 @@ def test_graph_capture_and_replay():
     want_ds = torch.zeros(2, bs * 584, dtype=torch.uint8)
     reference.kv_norm_rope_quant_insert(fresh_kv, weight.cpu(), want_ds, cpu_slots, cpu_pos, cos_sin_cache(), EPS, bs,
                                         Fp8Format.FNUZ)
-    assert float((ds.cpu() != want_ds).float().mean()) < 1e-3
+    assert_records_close(ds, want_ds, n, bs, Fp8Format.FNUZ)

@@ -107,6 +107,28 @@ def test_pre_matches_reference(device, t, hidden, post_mult, strength):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("t,hidden", [(7, 4096), (300, 7168), (1100, 4096)])
+def test_pre_follows_the_sinkhorn_iteration_count(device, t, hidden):
+    """Comb logits of several units (base ~ N(0, 2)) leave Sinkhorn far from converged after a few steps, so
+    the result depends on sinkhorn_iters (with the other tests' logits, two steps already converge): the op
+    equals the reference run with the same count, at each count."""
+    residual = streams(t, hidden, seed=5)
+    fn, scale, base = params(hidden, seed=6, strength=10.0)
+    base[8:] = torch.randn(16, generator=torch.Generator().manual_seed(7)) * 2.0
+    combs = {}
+    for iters in (1, 3, 7):
+        post, comb, layer_input = torch.ops.dsv4.mhc_pre(*to(device, residual, fn, scale, base), EPS, EPS, EPS, 2.0,
+                                                         iters, None, EPS)
+        want_post, want_comb, want_input = reference.mhc_pre(residual, fn, scale, base, post_mult=2.0,
+                                                             sinkhorn_iters=iters)
+        torch.testing.assert_close(post.cpu(), want_post, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(comb.cpu(), want_comb, rtol=0, atol=1e-5)
+        assert_bf16_close(layer_input, want_input, collapse_magnitude(residual))
+        combs[iters] = comb.cpu()
+    assert float((combs[1] - combs[7]).abs().max()) > 1e-2, "these inputs must make the count matter"
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("hidden", [4096, 7168])
 @pytest.mark.parametrize("t", [7, 128])
 def test_pre_with_fused_norm(device, hidden, t):

@@ -87,9 +87,9 @@ def assert_close_to_reference(got, want):
             f"{sorted(set(bad[:, 2].tolist()))[:16]}")
 
 
-def run(q, main, extra, caches, formats, block_sizes, sink, num_splits=0, device=None, **kwargs):
-    """The op on `device` (default: where q is) and the reference on the CPU, on the same inputs."""
-    device = q.device if device is None else device
+def run(q, main, extra, caches, formats, block_sizes, sink, num_splits=0, *, device, **kwargs):
+    """The op on `device` (named by every caller: a test of the GPU kernel must not fall back to the CPU's
+    because its q was built on the CPU) and the reference on the CPU, on the same inputs."""
     (main_idx, main_ptr), extra_pair = main, extra
     extra_cache = caches[1] if extra_pair is not None else None
     extra_idx, extra_ptr = extra_pair if extra_pair is not None else (None, None)
@@ -122,7 +122,8 @@ def test_matches_reference(ratio, topk, main_fmt, with_sink, num_splits, device)
     q = torch.randn(len(positions), heads, 512, generator=torch.Generator().manual_seed(4)).to(torch.bfloat16)
     sink = torch.randn(heads, generator=torch.Generator().manual_seed(5)) if with_sink else None
     got, want = run(q, main, extra if ratio > 1 else None, (main_cache, extra_cache), (main_fmt, Fp8Format.OCP),
-                    (64, 16), sink, num_splits)
+                    (64, 16), sink, num_splits, device=device)
+    assert got.device.type == torch.device(device).type  # the kernel of the device under test ran
     assert_close_to_reference(got, want)
 
 
@@ -297,7 +298,7 @@ def test_inverse_rope_epilogue(device, heads, num_splits):
     torch.testing.assert_close(fused.float(), dsv4ops.inverse_rope(plain, positions, cos_sin).float(), rtol=1e-2,
                                atol=2e-2)
     got, want = run(q, main, None, (main_cache, None), (Fp8Format.OCP, Fp8Format.OCP), (64, 64), None, num_splits,
-                    cos_sin=cos_sin, positions=positions)
+                    device=device, cos_sin=cos_sin, positions=positions)
     assert_close_to_reference(got, want)
 
 

@@ -122,13 +122,16 @@ TEST_P(Fp8Codec, EncodeMatchesReferenceOnDenseSample) {
   const Fp8Format format = GetParam();
   const ReferenceEncoder reference(format);
   std::mt19937 rng(1234);
-  const uint32_t low_patterns[] = {0u, 1u, 0x100u, 0x1ffu, 0u};
+  // Low mantissa bits per (sign, exponent, high bits): 0 (the exact rounding ties and exact values), 1,
+  // 0x100, 0x1ff, and random bits in the last slot.
+  constexpr uint32_t kLowPatterns[] = {0u, 1u, 0x100u, 0x1ffu};
+  constexpr int kSlots = 5;
   uint64_t checked = 0;
   for (uint32_t sign = 0; sign < 2; ++sign) {
     for (uint32_t exponent = 0; exponent < 256; ++exponent) {
       for (uint32_t high = 0; high < (1u << 14); ++high) {
-        for (uint32_t low : low_patterns) {
-          if (low == 0 && &low != &low_patterns[0]) low = rng() & 0x1ffu;  // last slot: random low bits
+        for (int slot = 0; slot < kSlots; ++slot) {
+          const uint32_t low = slot < kSlots - 1 ? kLowPatterns[slot] : static_cast<uint32_t>(rng() & 0x1ffu);
           const uint32_t bits = (sign << 31) | (exponent << 23) | (high << 9) | low;
           const float x = from_bits(bits);
           ASSERT_EQ(encode(x, format), reference.encode(x)) << std::hex << "bits 0x" << bits;
