@@ -61,6 +61,7 @@ def test_in_place(device):
     out_w, out_s = dsv4ops.e4m3fn_to_fnuz(w2, s2, inplace=True)
     assert out_w is w2 and out_s is s2
     assert_bytes_equal(w2, expected_weight)
+    assert_bytes_equal(s2, expected_scale)
 
 
 def test_wrapper_refuses_scales_that_cannot_double():

@@ -88,17 +88,30 @@ def test_graph_capture_and_replay_all_ops():
         assert_bytes_equal(captured_scale, weight_scale)
 
 
-def test_second_device_or_current_stream():
-    """Ops launch on the tensor's device and the current stream (no sync, no device-0 assumption)."""
+def test_current_stream():
+    """Ops launch on the current stream: with the default stream held up by a long kernel, an op called on
+    a side stream finishes and its output reads back on that stream (a launch on the default stream would
+    still be queued behind the sleep, and the read-back would see unwritten memory)."""
     stream = torch.cuda.Stream()
     x = torch.randn(1 << 20, device="cuda")
+    stream.wait_stream(torch.cuda.current_stream())  # x is ready for the side stream
+    torch.cuda._sleep(int(2e9))  # about a second of the default stream
     with torch.cuda.stream(stream):
         out = torch.ops.dsv4.fp8_encode(x, 0, 448.0)
+        host = torch.empty(out.shape, dtype=out.dtype, pin_memory=True)
+        host.copy_(out, non_blocking=True)
     stream.synchronize()
-    assert_bytes_equal(out, x.clamp(-448, 448).to(torch.float8_e4m3fn))
-    if torch.cuda.device_count() > 1:
-        y = torch.randn(1000, device="cuda:1")
-        assert_bytes_equal(torch.ops.dsv4.fp8_encode(y, 0, 448.0), y.to(torch.float8_e4m3fn))
+    got = host.clone()
+    torch.cuda.synchronize()
+    assert_bytes_equal(got, x.cpu().clamp(-448, 448).to(torch.float8_e4m3fn))
+
+
+def test_second_device():
+    """Ops launch on the tensor's device, not device 0."""
+    if torch.cuda.device_count() < 2:
+        pytest.skip("one GPU: the second-device launch needs two")
+    y = torch.randn(1000, device="cuda:1")
+    assert_bytes_equal(torch.ops.dsv4.fp8_encode(y, 0, 448.0), y.to(torch.float8_e4m3fn))
 
 
 def test_wrappers_pick_kernel_on_gpu():

@@ -183,13 +183,39 @@ def test_cos_sin_table_off_16_byte_boundary(device, fmt):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+def test_q_norm_eps_is_applied(device):
+    """Rows whose mean square is near eps (x 1e-3: about 1e-6 against eps = 1e-6, where dropping eps changes a
+    value by about sqrt(2)) and an all-zero row (0 with eps, NaN without): eps is the argument's, not a
+    constant of the kernel, and the zero row stays finite."""
+    n, h, hp, bs = 6, 4, 4, 16
+    q, kv = inputs(n, h, seed=12, device=device)
+    q = (q.float() * 1e-3).to(torch.bfloat16)
+    q[2] = 0
+    positions, slots = torch.arange(n), torch.arange(n)
+    for eps in (1e-6, 1e-5):
+        cache = torch.zeros(1, bs * 584, dtype=torch.uint8, device=device)
+        q_out = torch.ops.dsv4.qnorm_rope_kv_insert(
+            q.to(device), kv.to(device), cache, slots.to(device), positions.to(device), cos_sin_cache().to(device), hp,
+            eps, bs, True, 0, 448.0)
+        expected_cache = torch.zeros(1, bs * 584, dtype=torch.uint8)
+        q_ref = reference.qnorm_rope_kv_insert(q, kv, expected_cache, slots, positions, cos_sin_cache(), hp, eps, bs,
+                                               True, Fp8Format.OCP)
+        assert_q_close(q_out, q_ref, h)
+        assert bool(torch.isfinite(q_out.cpu().float()).all())
+        assert bool((q_out[2].cpu().float() == 0).all()), "an all-zero row normalizes to zero"
+    no_eps = (q.float() / torch.sqrt((q.float() ** 2).mean(-1, keepdim=True))).to(torch.bfloat16)
+    assert not torch.allclose(q_ref[[0, 1, 3, 4, 5], :h, :448].float(), no_eps[[0, 1, 3, 4, 5], :, :448].float(),
+                              rtol=1e-2, atol=1e-2), "these rows must make eps matter"
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_guards_no_norm_and_out_of_table_positions(device):
     n, h, hp, bs = 9, 4, 8, 16
     q, kv = inputs(n, h, seed=4, device=device)
     positions = torch.tensor([0, 1, 2, 4095, 4096, -1, 7, 8, 2**40])  # 4096, -1 and 2^40 are outside the table
     slots = torch.tensor([0, -2, 40, 3, 4, 5, 2**40, 7])  # N_ins = 8; slot 40 is past 2 blocks of 16
-    cache = torch.full((2, bs * 584), 0xAB, dtype=torch.uint8, device=device)
     for apply_q_norm in (True, False):
+        cache = torch.full((2, bs * 584), 0xAB, dtype=torch.uint8, device=device)  # fresh: the KV write is checked
         q_out = run_op(q, kv, cache, slots, positions, hp, bs, Fp8Format.OCP, device, apply_q_norm)
         expected_cache = torch.full((2, bs * 584), 0xAB, dtype=torch.uint8)
         q_ref = reference.qnorm_rope_kv_insert(q, kv, expected_cache, slots, positions, cos_sin_cache(), hp, EPS, bs,
