@@ -4,7 +4,9 @@ K = 4096), the inverse RoPE + group quantizer (inverse_rope_group_quant) and the
     python bench/bench_wo_a.py [--device cuda] [--out bench/results] [--no-compile] [--smoke]
 
 GEMM rows per case: dsv4ops (only where this build registers a kernel for the device; otherwise the
-header says so and the peers are still timed), cuBLAS block-scaled FP8 (torch._scaled_mm with 1x128 /
+header says so and the peers are still timed) with fp32 block sums (the op's default) and with
+reduced-precision block sums (reduced_precision_block_sums=True, what the wo_a forward uses; on sm_90 the
+FP8 wgmma kernel, on devices without such a mode the same kernel as the default), cuBLAS block-scaled FP8 (torch._scaled_mm with 1x128 /
 128x128 scales, one call per group; CUDA only, and cuBLAS refuses M = 1), cuBLAS BF16 bmm on the
 dequantized weight, and the PyTorch reference (small M only: it dequantizes in fp64). Bytes counted: the
 FP8 activation and weight with their scales read once, the bf16 output written once; FLOPs 2*M*G*N*K
@@ -45,6 +47,9 @@ def _scale_float(scale_bytes):
     return torch.pow(2.0, scale_bytes.float() - 127)
 
 
+REDUCED = f"{OURS} reduced-precision block sums"
+
+
 def bench_bmm(device, ceiling, compile_peers):
     rows = []
     has_kernel = not dispatch.decide("bmm_a8w8_mxscale", device).reason
@@ -62,6 +67,11 @@ def bench_bmm(device, ceiling, compile_peers):
             if has_kernel:
                 times.update(time_ours(lambda x, s: torch.ops.dsv4.bmm_a8w8_mxscale(x, w, s, w_scale, torch.bfloat16),
                                        sets, device))
+                # The block sums in the matrix unit's own precision (the wo_a forward's setting; on sm_90 the
+                # FP8 wgmma kernel, with cuBLAS's block-scaled numerics): graph replay.
+                times[REDUCED] = time_ours(
+                    lambda x, s: torch.ops.dsv4.bmm_a8w8_mxscale(x, w, s, w_scale, torch.bfloat16,
+                                                                 reduced_precision_block_sums=True), sets, device)[OURS]
             if device.type == "cuda":
                 def cublas_fp8(x, s):
                     sx = _scale_float(s)
@@ -78,7 +88,7 @@ def bench_bmm(device, ceiling, compile_peers):
                           lambda x, s: reference.bmm_a8w8_mxscale(x, w, s, w_scale, torch.bfloat16), sets, device)
             flops = 2 * m * g * N * K
             rates = ", ".join(f"{name}: {flops / t / 1e12:.1f} TFLOP/s" for name, t in times.items()
-                              if name in (OURS, "cuBLAS block-scaled FP8 (per group)", "cuBLAS BF16 bmm"))
+                              if name in (OURS, REDUCED, "cuBLAS block-scaled FP8 (per group)", "cuBLAS BF16 bmm"))
             case = f"G={g} M={m} N={N} K={K} ({flops / 1e9:.2f} GFLOP; {rates})"
             rows += make_rows("bmm_a8w8_mxscale", case, nbytes, times, "dsv4ops", ceiling)
             del sets

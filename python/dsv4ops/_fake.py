@@ -135,12 +135,12 @@ def _inverse_rope(o, positions, cos_sin):
 
 
 @torch.library.register_fake("dsv4::bmm_a8w8_mxscale")
-def _bmm_a8w8_mxscale(x, w, x_scale, w_scale, out_dtype):
+def _bmm_a8w8_mxscale(x, w, x_scale, w_scale, out_dtype, reduced_precision_block_sums=False):
     return x.new_empty((x.shape[0], x.shape[1], w.shape[1]), dtype=out_dtype)
 
 
 @torch.library.register_fake("dsv4::bmm_a8w8_mxscale.out")
-def _bmm_a8w8_mxscale_out(x, w, x_scale, w_scale, *, out):
+def _bmm_a8w8_mxscale_out(x, w, x_scale, w_scale, *, out, reduced_precision_block_sums=False):
     return None
 
 

@@ -43,22 +43,20 @@ _logged: set = set()
 #   "bf16"        the BF16 path (inverse RoPE, BF16 einsum on the dequantized weight, built on first use: it
 #                 doubles this layer's weight memory once chosen).
 # Devices not listed take "fp8_kernel". Tune the rows from bench/bench_wo_a.py on the target GPU.
-# cuda: H200, bench/results/wo_a_cuda.md (2026-11-30; N = 1024, K = 4096; GEMM times in us):
-#   G=1:  dsv4ops ahead of BF16 bmm to T = 256 (22.7 vs 26.7), BF16 at T = 1024-4096 (43 vs 49; 97 vs 128
-#         cuBLAS FP8), cuBLAS FP8 at 16384 (155 vs 376);
-#   G=2:  dsv4ops to T = 64 (12.3 vs 27.5), BF16 at 256-1024 (26.8 vs 42.5; 52 vs 96), cuBLAS FP8 from 4096
-#         (135 vs 189);
-#   G=8:  dsv4ops to T = 16 (13.6 vs 25.8), BF16 at 64-1024 (32 vs 47; 58 vs 97; 193 vs 372 cuBLAS FP8),
-#         cuBLAS FP8 from 4096 (351 vs 748);
-#   G=16: dsv4ops to T = 16 (29.6 vs 44), BF16 at 64-1024 (57 vs 92; 380 vs 1254 cuBLAS FP8), cuBLAS FP8 from
-#         4096 (792 vs 1482).
+# cuda: H200, bench/results/wo_a_cuda.md (2026-11-30; N = 1024, K = 4096; GEMM times in us, dsv4ops with
+# reduced-precision block sums as the forward runs it, against the BF16 bmm and cuBLAS block-scaled FP8):
+#   G=1:  dsv4ops to T = 256 (16.9 vs 23.3 BF16), BF16 at T = 1024 (30.9 vs 34.2), dsv4ops at 4096 (66.9 vs
+#         76.9 cuBLAS FP8, 97.0 BF16), cuBLAS FP8 at 16384 (153 vs 256);
+#   G=2:  dsv4ops to T = 1024 (34.4 vs 51.8 BF16), cuBLAS FP8 from 4096 (111 vs 131);
+#   G=8:  dsv4ops to T = 1024 (18.2 vs 32.2 BF16 at 64; 134 vs 191 at 1024), cuBLAS FP8 from 4096 (341 vs 511);
+#   G=16: dsv4ops to T = 1024 (31.7 vs 56.6 BF16 at 64; 262 vs 377 at 1024), cuBLAS FP8 from 4096 (628 vs 993).
 # Crossovers between the measured T are unmeasured; each row ends at the last T measured on its side.
 WO_A_GEMM_PATHS = {
     "cuda": {
-        1: ((256, "fp8_kernel"), (4096, "bf16"), (None, "vendor_fp8")),
-        2: ((64, "fp8_kernel"), (1024, "bf16"), (None, "vendor_fp8")),
-        8: ((16, "fp8_kernel"), (1024, "bf16"), (None, "vendor_fp8")),
-        16: ((16, "fp8_kernel"), (1024, "bf16"), (None, "vendor_fp8")),
+        1: ((256, "fp8_kernel"), (1024, "bf16"), (4096, "fp8_kernel"), (None, "vendor_fp8")),
+        2: ((1024, "fp8_kernel"), (None, "vendor_fp8")),
+        8: ((1024, "fp8_kernel"), (None, "vendor_fp8")),
+        16: ((1024, "fp8_kernel"), (None, "vendor_fp8")),
     },
     "cpu": {1: ((None, "fp8_kernel"),)},
 }
@@ -116,15 +114,25 @@ def inverse_rope(o: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor
 
 
 def bmm_a8w8_mxscale(x: torch.Tensor, w: torch.Tensor, x_scale: torch.Tensor, w_scale: torch.Tensor,
-                     out_dtype: torch.dtype = torch.bfloat16, out: Optional[torch.Tensor] = None) -> torch.Tensor:
+                     out_dtype: torch.dtype = torch.bfloat16, out: Optional[torch.Tensor] = None,
+                     reduced_precision_block_sums: bool = False) -> torch.Tensor:
     """Y [M, G, N] = the grouped FP8 product with 1x128 (x) and 128x128 (w) UE8M0 block scales, fp32
     accumulation (spec §4.3). x [M, G, K] and w [G, N, K] are float8 e4m3 (fn or fnuz, decoded per dtype)
     with K contiguous; out may be any [M, G, N] view with N contiguous (e.g. a batch-major buffer's
-    transpose)."""
+    transpose).
+
+    reduced_precision_block_sums=True lets the kernel sum each 128-deep block in the matrix unit's own
+    precision where that is below fp32, for its speed: on sm_90 (H100/H200) the FP8 tensor cores (wgmma)
+    keep about 14 significant bits aligned to the block's largest product, so an entry whose products
+    cancel heavily can be off by ~2^-13 of that product (the blocks are still summed in fp32; cuBLAS's
+    block-scaled FP8 GEMM has the same numerics there). Devices without such a mode, the CPU and the
+    reference ignore it."""
     if dispatch.choose("bmm_a8w8_mxscale", x.device).uses_kernel:
         if out is None:
-            return torch.ops.dsv4.bmm_a8w8_mxscale(x, w, x_scale, w_scale, out_dtype)
-        torch.ops.dsv4.bmm_a8w8_mxscale.out(x, w, x_scale, w_scale, out=out)
+            return torch.ops.dsv4.bmm_a8w8_mxscale(x, w, x_scale, w_scale, out_dtype,
+                                                   reduced_precision_block_sums=reduced_precision_block_sums)
+        torch.ops.dsv4.bmm_a8w8_mxscale.out(x, w, x_scale, w_scale, out=out,
+                                            reduced_precision_block_sums=reduced_precision_block_sums)
         return out
     result = reference.bmm_a8w8_mxscale(x, w, x_scale, w_scale, out.dtype if out is not None else out_dtype)
     if out is None:
@@ -257,7 +265,8 @@ def wo_a_forward(o: torch.Tensor, positions: torch.Tensor, plan: WoAPlan, apply_
                     _logged.add(reason)
                     logger.warning("dsv4ops: wo_a falls back to the dsv4ops FP8 GEMM: %s", reason)
         if z is None:
-            z = bmm_a8w8_mxscale(x_fp8, w, x_scale, plan.weight_scale, o.dtype)
+            # The block sums in the matrix unit's precision, like the vendor GEMM's (see bmm_a8w8_mxscale).
+            z = bmm_a8w8_mxscale(x_fp8, w, x_scale, plan.weight_scale, o.dtype, reduced_precision_block_sums=True)
     else:
         x = inverse_rope(o, positions, plan.cos_sin) if apply_inverse_rope else o
         z = torch.einsum("tgd,grd->tgr", x.reshape(t, g, heads * HEAD_DIM // g), plan.bf16_weight().to(o.dtype))

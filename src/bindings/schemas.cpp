@@ -72,9 +72,14 @@ STABLE_TORCH_LIBRARY(dsv4, m) {
       "inverse_rope_group_quant.out(Tensor o, Tensor positions, Tensor cos_sin, int num_groups, int group_size, "
       "int fp8_format, float quant_max, bool apply_inverse_rope, *, Tensor(a!) x_fp8, Tensor(b!) x_scale) -> ()");
   m.def("inverse_rope(Tensor o, Tensor positions, Tensor cos_sin) -> Tensor");
+  // reduced_precision_block_sums: the caller accepts each 128-deep block summed in the matrix unit's own
+  // precision where that is below fp32 (sm_90's FP8 wgmma), for its speed; ignored elsewhere.
   m.def(
-      "bmm_a8w8_mxscale(Tensor x, Tensor w, Tensor x_scale, Tensor w_scale, ScalarType out_dtype) -> Tensor");
-  m.def("bmm_a8w8_mxscale.out(Tensor x, Tensor w, Tensor x_scale, Tensor w_scale, *, Tensor(a!) out) -> ()");
+      "bmm_a8w8_mxscale(Tensor x, Tensor w, Tensor x_scale, Tensor w_scale, ScalarType out_dtype, "
+      "bool reduced_precision_block_sums=False) -> Tensor");
+  m.def(
+      "bmm_a8w8_mxscale.out(Tensor x, Tensor w, Tensor x_scale, Tensor w_scale, *, Tensor(a!) out, "
+      "bool reduced_precision_block_sums=False) -> ()");
 
   // Sparse MLA decode over the fp8_ds_mla SWA ("main") and compressed ("extra") caches, with an attention
   // sink (spec/sparse_mla_decode.md).

@@ -191,9 +191,10 @@ void run_bmm(BmmA8W8MxScaleArgs& args, const Tensor& out, const char* op) {
 }
 
 Tensor bmm_a8w8_mxscale(const Tensor& x, const Tensor& w, const Tensor& x_scale, const Tensor& w_scale,
-                        ScalarType out_dtype) {
+                        ScalarType out_dtype, bool reduced_precision_block_sums) {
   constexpr const char* kOp = "dsv4.bmm_a8w8_mxscale";
   BmmA8W8MxScaleArgs args = checked_bmm(x, w, x_scale, w_scale, kOp);
+  args.reduced_precision_block_sums = reduced_precision_block_sums;
   STD_TORCH_CHECK(out_dtype == ScalarType::BFloat16 || out_dtype == ScalarType::Float, kOp,
                   ": out_dtype must be bfloat16 or float32, got ", dtype_name(out_dtype));
   Tensor out = torch::stable::new_empty(x, {args.m, args.groups, args.n}, out_dtype);
@@ -201,9 +202,11 @@ Tensor bmm_a8w8_mxscale(const Tensor& x, const Tensor& w, const Tensor& x_scale,
   return out;
 }
 
-void bmm_a8w8_mxscale_out(const Tensor& x, const Tensor& w, const Tensor& x_scale, const Tensor& w_scale, Tensor out) {
+void bmm_a8w8_mxscale_out(const Tensor& x, const Tensor& w, const Tensor& x_scale, const Tensor& w_scale, Tensor out,
+                          bool reduced_precision_block_sums) {
   constexpr const char* kOp = "dsv4.bmm_a8w8_mxscale.out";
   BmmA8W8MxScaleArgs args = checked_bmm(x, w, x_scale, w_scale, kOp);
+  args.reduced_precision_block_sums = reduced_precision_block_sums;
   check_dtype(out, kOp, "out", {ScalarType::BFloat16, ScalarType::Float});
   STD_TORCH_CHECK(out.dim() == 3 && out.size(0) == args.m && out.size(1) == args.groups && out.size(2) == args.n &&
                       (args.n <= 1 || out.stride(2) == 1),

@@ -27,6 +27,11 @@
 //   * M > 64: bmm_tiled_kernel, a 128 x 64 tile through double-buffered shared memory (below).
 //   * M > 64 with rows that are not 16-byte aligned: bmm_kernel with the warps splitting a 128-wide N
 //     tile, each over the whole K (element-wise loads).
+//   * sm_90a, when the caller allows reduced-precision block sums: bmm_wgmma_kernel (warpgroup MMA, the
+//     FP8 tensor-core path of sm_90), whose unit sums each 128-deep block in fixed point aligned to the
+//     block's largest product, keeping about 14 bits (an entry whose block sums cancel heavily can be off
+//     by ~2^-13 of its largest product); every block is still folded into an fp32 sum with its scales.
+//     The other kernels accumulate in fp32 throughout (mma.sync.e4m3 runs as f16 MMAs on sm_90).
 // Rows past M load zeros and are not stored. 64-bit offsets throughout.
 #include "dsv4/bf16.h"
 #include "dsv4/launch.h"
@@ -570,6 +575,270 @@ __global__ void __launch_bounds__(kThreads) bmm_tiled_kernel(BmmA8W8MxScaleArgs 
   }
 }
 
+#if !defined(__HIPCC__)
+// ---- NVIDIA sm_90a: warpgroup MMA ----------------------------------------------------------------------
+// sm_90 runs mma.sync's e4m3 shape as f16 conversions plus f16 MMAs (SASS F2FP.F16.E4M3.UNPACK_B and
+// HMMA.16816): about 200 TFLOP/s at best on the H200. Its FP8 tensor-core path is the warpgroup
+// instruction wgmma.mma_async, which reads its operands from shared memory through descriptors.
+// bmm_wgmma_kernel: a (64 * kWarpGroups) x kBlockN output tile per block, each warp group (128 threads)
+// a 64-row slice of it. Every 128-deep K block (one scale block) is staged by all threads through a
+// kStages-deep cp.async ring: A and B rows of 128 bytes in the 128-byte swizzle the descriptors describe
+// (16-byte chunk c of row r at chunk c ^ (r % 8), tiles on 1024-byte boundaries). The block's four k32
+// steps multiply into a fresh fp32 fragment that is folded into the running sum with the block's scales,
+// exactly as in the kernels above. Rows past M are zero-filled and not stored.
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define DSV4_WO_A_WGMMA 1
+#endif
+
+template <int kWarpGroups, int kBlockN>
+struct WgmmaShape {
+  static constexpr int kBlockM = 64 * kWarpGroups;
+  static constexpr int kThreads = 128 * kWarpGroups;
+  static constexpr int kStageBytes = (kBlockM + kBlockN) * kBlockK;
+  static constexpr int kChunks = kStageBytes / 16 / kThreads;  // 16-byte copies per thread and stage
+  static constexpr int kAcc = kBlockN / 2;                      // fp32 accumulators per thread
+  static_assert(kChunks * 16 * kThreads == kStageBytes, "staging");
+};
+
+template <int kWarpGroups, int kBlockN, int kStages>
+constexpr size_t wgmma_shared_bytes() {
+  return static_cast<size_t>(kStages) * WgmmaShape<kWarpGroups, kBlockN>::kStageBytes + 1024;  // + alignment
+}
+
+#if defined(DSV4_WO_A_WGMMA)
+DSV4_DEVICE void wgmma_m64n64k32(float (&d)[32], uint64_t a_desc, uint64_t b_desc, uint32_t accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+      "}, %32, %33, p, 1, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : "l"(a_desc), "l"(b_desc), "r"(accumulate));
+}
+DSV4_DEVICE void wgmma_m64n128k32(float (&d)[64], uint64_t a_desc, uint64_t b_desc, uint32_t accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+      "}, %64, %65, p, 1, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+      : "l"(a_desc), "l"(b_desc), "r"(accumulate));
+}
+// A K-major tile of 128-byte rows in the 128-byte swizzle: start address, leading offset unused (1),
+// 1024 bytes between 8-row groups, swizzle mode 1.
+DSV4_DEVICE uint64_t swizzled_tile_descriptor(uint32_t shared_address) {
+  return static_cast<uint64_t>((shared_address & 0x3ffffu) >> 4) | (1ull << 16) | (64ull << 32) | (1ull << 62);
+}
+
+// Keeps the compiler from moving reads or writes of an accumulator across the wgmma fence and wait
+// instructions (the asm statements that multiply into it do not say when the unit writes it).
+template <int kCount>
+DSV4_DEVICE void pin_registers(float (&d)[kCount]) {
+#pragma unroll
+  for (int i = 0; i < kCount; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+#endif
+
+template <int kWarpGroups, int kBlockN, int kStages>
+__global__ void __launch_bounds__(128 * kWarpGroups) bmm_wgmma_kernel(BmmA8W8MxScaleArgs args) {
+  wait_for_previous_kernel();  // launched to overlap the kernel before it (launch_overlapping)
+#if defined(DSV4_WO_A_WGMMA)
+  using Shape = WgmmaShape<kWarpGroups, kBlockN>;
+  constexpr int kAcc = Shape::kAcc;
+  extern __shared__ __align__(1024) uint8_t wgmma_shared[];
+  const uint32_t shared_base = (static_cast<uint32_t>(__cvta_generic_to_shared(wgmma_shared)) + 1023u) & ~1023u;
+  const int tid = static_cast<int>(threadIdx.x);
+  const int lane = tid % 32;
+  const int warp_group = tid / 128;
+  const int warp_in_group = (tid / 32) % 4;
+  const int64_t group = blockIdx.z;
+  const int64_t m0 = static_cast<int64_t>(blockIdx.y) * Shape::kBlockM;
+  const int64_t n0 = static_cast<int64_t>(blockIdx.x) * kBlockN;
+  const int64_t k_blocks = args.k / kBlockK;
+  const int shift = encoding_shift(args);
+
+  // Copy j of a stage is chunk c = tid + j * threads: row c / 8 of A (the first kBlockM rows) or of B,
+  // 16-byte column c % 8. A thread's rows are all equal mod 8 (threads is a multiple of 64), so its
+  // swizzle is one XOR for all its copies.
+  const uint32_t copy_offset = static_cast<uint32_t>(tid * 16) ^ static_cast<uint32_t>(((tid / 8) % 8) * 16);
+  const uint8_t* copy_src[Shape::kChunks];
+  uint32_t copy_bytes = 0;  // bit j: copy j reads a row below M (else it zero-fills)
+#pragma unroll
+  for (int j = 0; j < Shape::kChunks; ++j) {
+    const int c = tid + j * Shape::kThreads;
+    const int row = c / 8;
+    const int column = c % 8;
+    if (row < Shape::kBlockM) {
+      const int64_t m = m0 + row;
+      const bool inside = m < args.m;
+      copy_src[j] = args.x + (inside ? m : 0) * args.x_stride_m + group * args.x_stride_g + column * 16;
+      copy_bytes |= (inside ? 1u : 0u) << j;
+    } else {
+      copy_src[j] = args.w + group * args.w_stride_g + (n0 + row - Shape::kBlockM) * args.w_stride_n + column * 16;
+      copy_bytes |= 1u << j;
+    }
+  }
+  const auto issue_stage = [&](int64_t kb) {
+    const uint32_t stage = shared_base + static_cast<uint32_t>(kb % kStages) * Shape::kStageBytes + copy_offset;
+#pragma unroll
+    for (int j = 0; j < Shape::kChunks; ++j) {
+      asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(stage + j * Shape::kThreads * 16),
+                   "l"(copy_src[j] + kb * kBlockK), "r"((copy_bytes >> j) & 1u ? 16 : 0));
+    }
+    asm volatile("cp.async.commit_group;\n" ::);
+  };
+
+  // This thread's accumulator rows: row_lo (fragment entries i % 4 < 2) and row_lo + 8.
+  const int64_t row_lo = m0 + warp_group * 64 + warp_in_group * 16 + lane / 4;
+  const int64_t row_hi = row_lo + 8;
+  const uint8_t* x_scale_group = args.x_scale + group * args.x_scale_stride_g;
+  const uint8_t* x_scale_lo = row_lo < args.m ? x_scale_group + row_lo * args.x_scale_stride_m : nullptr;
+  const uint8_t* x_scale_hi = row_hi < args.m ? x_scale_group + row_hi * args.x_scale_stride_m : nullptr;
+  const uint8_t* w_scale_row = args.w_scale + group * args.w_scale_stride_g + (n0 / kBlockK) * args.w_scale_stride_nb;
+
+  float acc[kAcc];
+  float part[kAcc];
+#pragma unroll
+  for (int i = 0; i < kAcc; ++i) acc[i] = 0.0f;
+
+#pragma unroll
+  for (int s = 0; s < kStages - 1; ++s) {
+    if (s < k_blocks) {
+      issue_stage(s);
+    } else {
+      asm volatile("cp.async.commit_group;\n" ::);  // an empty group keeps the count uniform
+    }
+  }
+  for (int64_t kb = 0; kb < k_blocks; ++kb) {
+    // Groups committed so far: kb + kStages - 1; with at most kStages - 2 pending, block kb has landed.
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(kStages - 2));
+    // The copies are generic-proxy writes and wgmma reads through the async proxy.
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+    __syncthreads();  // every thread's copies visible; every warp group done with block kb - 1's buffer
+    if (kb + kStages - 1 < k_blocks) {
+      issue_stage(kb + kStages - 1);
+    } else {
+      asm volatile("cp.async.commit_group;\n" ::);
+    }
+    const uint32_t xs_lo = x_scale_lo != nullptr ? x_scale_lo[kb] : 127u;
+    const uint32_t xs_hi = x_scale_hi != nullptr ? x_scale_hi[kb] : 127u;
+    const uint32_t ws = w_scale_row[kb];
+
+    const uint32_t stage = shared_base + static_cast<uint32_t>(kb % kStages) * Shape::kStageBytes;
+    const uint32_t a_tile = stage + warp_group * 64 * kBlockK;
+    const uint32_t b_tile = stage + Shape::kBlockM * kBlockK;
+    pin_registers(part);
+    asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#pragma unroll
+    for (int s = 0; s < kBlockK / 32; ++s) {
+      const uint64_t a_desc = swizzled_tile_descriptor(a_tile + 32 * s);
+      const uint64_t b_desc = swizzled_tile_descriptor(b_tile + 32 * s);
+      if constexpr (kBlockN == 128) {
+        wgmma_m64n128k32(part, a_desc, b_desc, s > 0 ? 1u : 0u);
+      } else {
+        wgmma_m64n64k32(part, a_desc, b_desc, s > 0 ? 1u : 0u);
+      }
+    }
+    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+    asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+    pin_registers(part);
+
+    const BlockScale f_lo = block_scale(xs_lo, ws, shift);
+    const BlockScale f_hi = block_scale(xs_hi, ws, shift);
+#pragma unroll
+    for (int i = 0; i < kAcc; ++i) {
+      const BlockScale& f = (i % 4) < 2 ? f_lo : f_hi;
+      acc[i] += (part[i] * f.f1) * f.f2;
+    }
+  }
+  asm volatile("cp.async.wait_group 0;\n" ::);
+
+  // Fragment entry i: row row_lo + 8 * ((i / 2) % 2), column 8 * (i / 4) + 2 * (lane % 4) + i % 2.
+#pragma unroll
+  for (int i = 0; i < kAcc; i += 2) {
+    const int64_t m = (i % 4) < 2 ? row_lo : row_hi;
+    if (m >= args.m) continue;
+    const int64_t offset = m * args.out_stride_m + group * args.out_stride_g + n0 + 8 * (i / 4) + 2 * (lane % 4);
+    if (args.out_fp32) {
+      float* out = static_cast<float*>(args.out) + offset;
+      out[0] = acc[i];
+      out[1] = acc[i + 1];
+    } else {
+      uint16_t* out = static_cast<uint16_t*>(args.out) + offset;
+      out[0] = float_to_bf16_bits(acc[i]);
+      out[1] = float_to_bf16_bits(acc[i + 1]);
+    }
+  }
+#else
+  (void)args;
+#if DSV4_DEVICE_PASS
+  __builtin_trap();  // no wgmma in this device pass; the launcher only picks this kernel for sm_90a builds on sm_90
+#endif
+#endif
+}
+
+// Whether the current device runs bmm_wgmma_kernel: a build whose NVIDIA code is sm_90a only (with plain
+// sm_90 code beside it the runtime might load that, where the kernel traps) on a compute capability 9.0
+// device. Cached per device.
+bool device_runs_wgmma() {
+#if defined(DSV4_CUDA_SM90A_ONLY_BUILD)
+  constexpr int kMaxDevices = 64;
+  static int known[kMaxDevices] = {};  // 0 unknown, 1 yes, 2 no
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess || device < 0 || device >= kMaxDevices) return false;
+  if (known[device] == 0) {
+    int major = 0;
+    int minor = 0;
+    const bool ok = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) == cudaSuccess &&
+                    cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) == cudaSuccess;
+    known[device] = ok && major == 9 && minor == 0 ? 1 : 2;
+  }
+  return known[device] == 1;
+#else
+  return false;
+#endif
+}
+
+template <int kWarpGroups, int kBlockN, int kStages>
+LaunchStatus launch_wgmma(const BmmA8W8MxScaleArgs& args, hipStream_t stream) {
+  using Shape = WgmmaShape<kWarpGroups, kBlockN>;
+  constexpr size_t shared_bytes = wgmma_shared_bytes<kWarpGroups, kBlockN, kStages>();
+  const int64_t m_tiles = (args.m + Shape::kBlockM - 1) / Shape::kBlockM;
+  if (m_tiles > 65535 || args.groups > 65535) return LaunchStatus::kInvalidArgument;
+  // Above 48 KB of dynamic shared memory needs the opt-in, once per instance and device.
+  constexpr int kMaxDevices = 64;
+  static bool opted_in[kMaxDevices] = {};
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) return LaunchStatus::kLaunchFailed;
+  if (device < 0 || device >= kMaxDevices || !opted_in[device]) {
+    if (cudaFuncSetAttribute(bmm_wgmma_kernel<kWarpGroups, kBlockN, kStages>,
+                             cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shared_bytes)) != cudaSuccess) {
+      return LaunchStatus::kLaunchFailed;
+    }
+    if (device >= 0 && device < kMaxDevices) opted_in[device] = true;
+  }
+  const dim3 grid(static_cast<unsigned>(args.n / kBlockN), static_cast<unsigned>(m_tiles),
+                  static_cast<unsigned>(args.groups));
+  launch_overlapping(bmm_wgmma_kernel<kWarpGroups, kBlockN, kStages>, grid, dim3(Shape::kThreads), shared_bytes,
+                     stream, args);
+  return last_launch_status();
+}
+#endif  // !__HIPCC__
+
 template <int kMTiles, int kBlockN, bool kSplitK>
 LaunchStatus launch_config(const BmmA8W8MxScaleArgs& args, bool vector, hipStream_t stream) {
   const int64_t m_tiles = (args.m + kMTiles * 16 - 1) / (kMTiles * 16);
@@ -596,6 +865,20 @@ LaunchStatus launch_bmm_a8w8_mxscale(const BmmA8W8MxScaleArgs& args, void* strea
   const bool vector = is_aligned(args.x, 16) && is_aligned(args.w, 16) && args.x_stride_m % 16 == 0 &&
                       args.x_stride_g % 16 == 0 && args.w_stride_g % 16 == 0 && args.w_stride_n % 16 == 0;
   const auto hip_stream = static_cast<hipStream_t>(stream);
+#if !defined(__HIPCC__)
+  // sm_90a with reduced-precision block sums allowed: the wgmma kernel where it beats the kernels below
+  // (H200, N = 1024, K = 4096): 128 x 128 tiles from M = 64 when there are at least 128 of them (M = 4096,
+  // G = 8: 515 us against 1442; M = 64, G = 16: 32 us against 92), else 64 x 64 tiles from M = 32 with at
+  // least 64 of them (M = 64, G = 8: 18 us against 46). Up to M = 16, and with fewer tiles (M <= 64 at
+  // G <= 2), the split-K kernel keeps the lead (M = 16, G = 8: 13.5 us against 16.7; M = 64, G = 1: 6.6
+  // against 16.4).
+  if (args.reduced_precision_block_sums && vector && device_runs_wgmma()) {
+    const int64_t large_tiles = (args.m + 127) / 128 * (args.n / 128) * args.groups;
+    const int64_t small_tiles = (args.m + 63) / 64 * (args.n / 64) * args.groups;
+    if (args.m >= 64 && large_tiles >= 128) return launch_wgmma<2, 128, 4>(args, hip_stream);
+    if (args.m > 16 && small_tiles >= 64) return launch_wgmma<1, 64, 8>(args, hip_stream);
+  }
+#endif
   // M <= 64: 16-row tiles (H200: 13.7 us for M = 16, G = 8, where 64-row tiles took 50 us at M = 64 with
   // one 254-register block per SM); the M tiles of an N tile are neighbours in the grid, so the weight
   // tile they share is read from DRAM about once.

@@ -62,6 +62,10 @@ struct BmmA8W8MxScaleArgs {
   int64_t groups;
   int64_t n;
   int64_t k;
+  // The caller accepts 128-deep block sums in the matrix unit's own precision where that is below fp32
+  // (sm_90's FP8 wgmma: about 14 significant bits, aligned to the block's largest product), for its
+  // speed. Every block is still folded into an fp32 sum. Devices without such a mode ignore it.
+  bool reduced_precision_block_sums;
 };
 
 }  // namespace dsv4
