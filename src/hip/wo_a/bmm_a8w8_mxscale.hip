@@ -710,6 +710,16 @@ __global__ void __launch_bounds__(128 * kWarpGroups) bmm_wgmma_kernel(BmmA8W8MxS
   const uint8_t* x_scale_hi = row_hi < args.m ? x_scale_group + row_hi * args.x_scale_stride_m : nullptr;
   const uint8_t* w_scale_row = args.w_scale + group * args.w_scale_stride_g + (n0 / kBlockK) * args.w_scale_stride_nb;
 
+  // Scale bytes are loaded one K block ahead: read when a block's product is folded, their latency (an L2
+  // round trip) would otherwise stall every block.
+  const auto load_scales = [&](int64_t kb, uint32_t& lo, uint32_t& hi, uint32_t& w) {
+    lo = x_scale_lo != nullptr ? x_scale_lo[kb] : 127u;
+    hi = x_scale_hi != nullptr ? x_scale_hi[kb] : 127u;
+    w = w_scale_row[kb];
+  };
+  uint32_t next_xs_lo, next_xs_hi, next_ws;
+  load_scales(0, next_xs_lo, next_xs_hi, next_ws);
+
   float acc[kAcc];
   float part[kAcc];
 #pragma unroll
@@ -734,9 +744,10 @@ __global__ void __launch_bounds__(128 * kWarpGroups) bmm_wgmma_kernel(BmmA8W8MxS
     } else {
       asm volatile("cp.async.commit_group;\n" ::);
     }
-    const uint32_t xs_lo = x_scale_lo != nullptr ? x_scale_lo[kb] : 127u;
-    const uint32_t xs_hi = x_scale_hi != nullptr ? x_scale_hi[kb] : 127u;
-    const uint32_t ws = w_scale_row[kb];
+    const uint32_t xs_lo = next_xs_lo;
+    const uint32_t xs_hi = next_xs_hi;
+    const uint32_t ws = next_ws;
+    if (kb + 1 < k_blocks) load_scales(kb + 1, next_xs_lo, next_xs_hi, next_ws);
 
     const uint32_t stage = shared_base + static_cast<uint32_t>(kb % kStages) * Shape::kStageBytes;
     const uint32_t a_tile = stage + warp_group * 64 * kBlockK;
@@ -867,15 +878,17 @@ LaunchStatus launch_bmm_a8w8_mxscale(const BmmA8W8MxScaleArgs& args, void* strea
   const auto hip_stream = static_cast<hipStream_t>(stream);
 #if !defined(__HIPCC__)
   // sm_90a with reduced-precision block sums allowed: the wgmma kernel where it beats the kernels below
-  // (H200, N = 1024, K = 4096): 128 x 128 tiles from M = 64 when there are at least 128 of them (M = 4096,
-  // G = 8: 515 us against 1442; M = 64, G = 16: 32 us against 92), else 64 x 64 tiles from M = 32 with at
-  // least 64 of them (M = 64, G = 8: 18 us against 46). Up to M = 16, and with fewer tiles (M <= 64 at
-  // G <= 2), the split-K kernel keeps the lead (M = 16, G = 8: 13.5 us against 16.7; M = 64, G = 1: 6.6
-  // against 16.4).
+  // (H200, N = 1024, K = 4096): 128 x 128 tiles above M = 64 when there are at least 128 of them (M = 4096,
+  // G = 8: 515 us against 1442), else 64 x 128 tiles from M = 17 when there are 128 of them (M = 64,
+  // G = 16: 25 us against 92), else 64 x 64 tiles with at least 64 of them (M = 64, G = 8: 16 us against
+  // 46). Up to M = 16, and with fewer tiles (M <= 64 at G <= 2), the split-K kernel keeps the lead (M = 16,
+  // G = 8: 13.5 us against 16.7; M = 64, G = 1: 6.6 against 16.4).
   if (args.reduced_precision_block_sums && vector && device_runs_wgmma()) {
     const int64_t large_tiles = (args.m + 127) / 128 * (args.n / 128) * args.groups;
+    const int64_t wide_tiles = (args.m + 63) / 64 * (args.n / 128) * args.groups;
     const int64_t small_tiles = (args.m + 63) / 64 * (args.n / 64) * args.groups;
-    if (args.m >= 64 && large_tiles >= 128) return launch_wgmma<2, 128, 4>(args, hip_stream);
+    if (args.m > 64 && large_tiles >= 128) return launch_wgmma<2, 128, 4>(args, hip_stream);
+    if (args.m > 16 && wide_tiles >= 128) return launch_wgmma<1, 128, 6>(args, hip_stream);
     if (args.m > 16 && small_tiles >= 64) return launch_wgmma<1, 64, 8>(args, hip_stream);
   }
 #endif
