@@ -45,15 +45,16 @@ _logged: set = set()
 # Devices not listed take "fp8_kernel". Tune the rows from bench/bench_wo_a.py on the target GPU.
 # cuda: H200, bench/results/wo_a_cuda.md (2026-11-30; N = 1024, K = 4096; GEMM times in us, dsv4ops with
 # reduced-precision block sums as the forward runs it, against the BF16 bmm and cuBLAS block-scaled FP8):
-#   G=1:  dsv4ops to T = 256 (16.9 vs 23.3 BF16), BF16 at T = 1024 (30.9 vs 34.2), dsv4ops at 4096 (66.9 vs
-#         76.9 cuBLAS FP8, 97.0 BF16), cuBLAS FP8 at 16384 (153 vs 256);
-#   G=2:  dsv4ops to T = 1024 (34.4 vs 51.8 BF16), cuBLAS FP8 from 4096 (111 vs 131);
-#   G=8:  dsv4ops to T = 1024 (18.2 vs 32.2 BF16 at 64; 134 vs 191 at 1024), cuBLAS FP8 from 4096 (341 vs 511);
-#   G=16: dsv4ops to T = 1024 (31.7 vs 56.6 BF16 at 64; 262 vs 377 at 1024), cuBLAS FP8 from 4096 (628 vs 993).
+#   G=1:  dsv4ops to T = 4096 (23.8 vs 31.0 BF16 at 1024; 68.9 vs 78.5 cuBLAS FP8 at 4096), cuBLAS FP8 at
+#         16384 (154 vs 263);
+#   G=2:  dsv4ops to T = 1024 (35.3 vs 52.1 BF16), cuBLAS FP8 from 4096 (119 vs 135);
+#   G=8:  dsv4ops to T = 1024 (16.1 vs 32.2 BF16 at 64; 138 vs 192 at 1024), cuBLAS FP8 from 4096 (352 vs 518);
+#   G=16: dsv4ops to T = 1024 (24.8 vs 56.0 BF16 at 64; 270 vs 377 at 1024), cuBLAS FP8 from 4096 (655 vs
+#         1013).
 # Crossovers between the measured T are unmeasured; each row ends at the last T measured on its side.
 WO_A_GEMM_PATHS = {
     "cuda": {
-        1: ((256, "fp8_kernel"), (1024, "bf16"), (4096, "fp8_kernel"), (None, "vendor_fp8")),
+        1: ((4096, "fp8_kernel"), (None, "vendor_fp8")),
         2: ((1024, "fp8_kernel"), (None, "vendor_fp8")),
         8: ((1024, "fp8_kernel"), (None, "vendor_fp8")),
         16: ((1024, "fp8_kernel"), (None, "vendor_fp8")),
