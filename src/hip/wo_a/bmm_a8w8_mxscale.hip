@@ -883,7 +883,8 @@ LaunchStatus launch_bmm_a8w8_mxscale(const BmmA8W8MxScaleArgs& args, void* strea
   // G = 16: 25 us against 92), else 64 x 64 tiles with at least 64 of them (M = 64, G = 8: 16 us against
   // 46). Up to M = 16, and with fewer tiles (M <= 64 at G <= 2), the split-K kernel keeps the lead (M = 16,
   // G = 8: 13.5 us against 16.7; M = 64, G = 1: 6.6 against 16.4).
-  if (args.reduced_precision_block_sums && vector && device_runs_wgmma()) {
+  // (Grids of more than 65535 M tiles, M > 4M rows, take the kernels below, whose M tiles run along x.)
+  if (args.reduced_precision_block_sums && vector && (args.m + 63) / 64 <= 65535 && device_runs_wgmma()) {
     const int64_t large_tiles = (args.m + 127) / 128 * (args.n / 128) * args.groups;
     const int64_t wide_tiles = (args.m + 63) / 64 * (args.n / 128) * args.groups;
     const int64_t small_tiles = (args.m + 63) / 64 * (args.n / 64) * args.groups;
