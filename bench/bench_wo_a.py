@@ -11,6 +11,8 @@ FP8 wgmma kernel, on devices without such a mode the same kernel as the default)
 dequantized weight, and the PyTorch reference (small M only: it dequantizes in fp64). Bytes counted: the
 FP8 activation and weight with their scales read once, the bf16 output written once; FLOPs 2*M*G*N*K
 (the case label gives each implementation's TFLOP/s).
+Forward rows: dsv4ops.wo_a_forward on an FP8 plan (the path its table picks for T, named in the case) against
+the same plan forced onto the BF16 path, both replayed from CUDA graphs; bytes: o, the FP8 weight, the output.
 Quantizer rows: dsv4ops, a device copy of the same bytes (the ceiling at that size), the PyTorch
 reference eager and (unless --no-compile) torch.compile'd. Bytes: o read (bf16), positions read, the
 FP8 payload and the scale bytes written (the rope table's rows are not counted).
@@ -20,10 +22,12 @@ from __future__ import annotations
 
 import torch
 
-from dsv4ops import dispatch
+import dsv4ops
+from dsv4ops import dispatch, wo_a
 from dsv4ops.reference import wo_a as reference
 
-from harness import HEADER_NOTES, OURS, bench_main, input_sets, make_rows, time_matched_copy, time_ours, time_peer
+from harness import (HEADER_NOTES, OURS, bench_main, input_sets, make_rows, time_graph_replay, time_matched_copy,
+                     time_ours, time_peer, time_per_call)
 
 N, K = 1024, 4096
 GROUPS = [1, 2, 8, 16]
@@ -168,13 +172,60 @@ def bench_inverse_rope(device, ceiling, compile_peers):
     return rows
 
 
+FORWARD_TOKENS = [1, 16, 64, 256, 1024, 4096, 16384]
+BF16_PATH = "BF16 path (inverse_rope + BF16 einsum)"
+
+
+def bench_forward(device, ceiling, compile_peers):
+    """wo_a_forward as a model calls it (the path its table picks for T tokens) against the BF16 path on the
+    same plan, both replayed from CUDA graphs on the GPU (back-to-back on the CPU): the issue's end-to-end
+    comparison."""
+    rows = []
+    if dispatch.decide("bmm_a8w8_mxscale", device).reason:
+        HEADER_NOTES.append(f"no wo_a kernels for {device} in this build: no forward rows")
+        return rows
+    cos_sin = _rope_table(device)
+    for heads, g in QUANT_SHAPES:
+        weight, weight_scale = _weight(device, g)
+        checkpoint_weight = weight.reshape(g * N, K)
+        checkpoint_scale = _scale_float(weight_scale).reshape(g * N // 128, K // 128)
+        plan = dsv4ops.prepare_wo_a(checkpoint_weight, checkpoint_scale, g, N, cos_sin, device)
+        if plan.path != "fp8":
+            HEADER_NOTES.append(f"wo_a plan for H={heads} G={g} refused FP8: {plan.reason}")
+            continue
+        for t in FORWARD_TOKENS:
+            nbytes = t * heads * 512 * 2 + g * N * K + t * g * N * 2
+            sets = _attention_output_sets(t, heads, nbytes, device)
+            forward = lambda o, p: dsv4ops.wo_a_forward(o, p, plan, apply_inverse_rope=True)  # noqa: E731
+            chosen = wo_a.gemm_path(t, g, device.type)
+            times = time_ours(forward, sets, device)
+            saved = wo_a.WO_A_GEMM_PATHS.get(device.type)
+            wo_a.WO_A_GEMM_PATHS[device.type] = {1: ((None, "bf16"),)}
+            try:
+                if device.type == "cuda":
+                    times[BF16_PATH] = time_graph_replay(forward, sets, device, time_per_call(forward, sets, device))
+                else:
+                    times[BF16_PATH] = time_per_call(forward, sets, device)
+            finally:
+                if saved is None:
+                    del wo_a.WO_A_GEMM_PATHS[device.type]
+                else:
+                    wo_a.WO_A_GEMM_PATHS[device.type] = saved
+            rows += make_rows("wo_a_forward", f"H={heads} G={g} T={t} (table path: {chosen})", nbytes, times, OURS,
+                              ceiling)
+            del sets
+        plan._bf16_weight = None  # the BF16 path's dequantized weight, built by the peer
+    return rows
+
+
 def shrink():
     GROUPS[:] = [2]
     TOKENS[:] = [1, 3]
     QUANT_SHAPES[:] = [(16, 2)]
     QUANT_TOKENS[:] = [1, 5]
+    FORWARD_TOKENS[:] = [1, 3]
 
 
 if __name__ == "__main__":
-    bench_main(__doc__.splitlines()[0], "wo_a", [bench_quant, bench_inverse_rope, bench_bmm], shrink,
+    bench_main(__doc__.splitlines()[0], "wo_a", [bench_quant, bench_inverse_rope, bench_bmm, bench_forward], shrink,
                ["operands OCP e4m3fn with UE8M0 scales; bf16 output"])
