@@ -317,14 +317,17 @@ def test_opcheck_and_compile():
                            "x_scale": torch.empty(3, 2, 32, dtype=torch.uint8)})
     # opcheck's schema test multiplies the inputs, which torch cannot do for float8 tensors; the op mutates
     # nothing (no (a!) in its schema) and the fake, autograd-registration and AOT-dispatch tests still run.
-    torch.library.opcheck(torch.ops.dsv4.bmm_a8w8_mxscale.default, (x, w, scale, w_scale, torch.float32),
-                          test_utils=("test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic"))
+    for reduced_sums in (False, True):
+        torch.library.opcheck(torch.ops.dsv4.bmm_a8w8_mxscale.default, (x, w, scale, w_scale, torch.float32),
+                              {"reduced_precision_block_sums": reduced_sums},
+                              test_utils=("test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic"))
 
-    def f(o):
-        x, scale = torch.ops.dsv4.inverse_rope_group_quant(o * 1, positions, cos_sin, 2, 128, 0, 448.0, True)
-        return torch.ops.dsv4.bmm_a8w8_mxscale(x, w, scale, w_scale, torch.float32)
+        def f(o):
+            x, scale = torch.ops.dsv4.inverse_rope_group_quant(o * 1, positions, cos_sin, 2, 128, 0, 448.0, True)
+            return torch.ops.dsv4.bmm_a8w8_mxscale(x, w, scale, w_scale, torch.float32,
+                                                   reduced_precision_block_sums=reduced_sums)
 
-    torch.testing.assert_close(torch.compile(f, fullgraph=True)(o), f(o), rtol=0, atol=0)
+        torch.testing.assert_close(torch.compile(f, fullgraph=True)(o), f(o), rtol=0, atol=0)
 
 
 # ---- prepare_wo_a and the end-to-end paths ----
@@ -747,8 +750,10 @@ def test_gpu_bmm_equals_cpu_kernel_fp32_and_unaligned(m):
 
 
 @gpu
-def test_gpu_graph_capture_on_a_side_stream():
-    """Both ops captured on a side stream for a fixed M, replayed on fresh data: byte-identical to eager."""
+@pytest.mark.parametrize("reduced_sums", [False, True], ids=["fp32_sums", "reduced_sums"])
+def test_gpu_graph_capture_on_a_side_stream(reduced_sums):
+    """Both ops captured on a side stream for a fixed M, replayed on fresh data: byte-identical to eager
+    (with reduced-precision block sums M = 48, G = 4 runs the sm_90a wgmma kernel on an H100/H200)."""
     m, heads, groups = 48, 32, 4
     w, w_scale = _gpu_weight(groups)
     cos_sin = rope_table(256).cuda()
@@ -757,7 +762,8 @@ def test_gpu_graph_capture_on_a_side_stream():
 
     def run():
         x, s = torch.ops.dsv4.inverse_rope_group_quant(o, positions, cos_sin, groups, 128, 0, 448.0, True)
-        return x, s, torch.ops.dsv4.bmm_a8w8_mxscale(x, w, s, w_scale, torch.bfloat16)
+        return x, s, torch.ops.dsv4.bmm_a8w8_mxscale(x, w, s, w_scale, torch.bfloat16,
+                                                     reduced_precision_block_sums=reduced_sums)
 
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())

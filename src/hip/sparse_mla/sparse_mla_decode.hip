@@ -950,18 +950,8 @@ LaunchStatus launch_partial(const SparseMlaDecodeArgs& args, hipStream_t stream)
   constexpr int kRows = kGroups * kHeadsPerBlock;
   const size_t shared_bytes = sizeof(Shared<kGroups>);
 #if !defined(__HIPCC__)
-  // Above 48 KB of dynamic shared memory needs the opt-in, once per instance and device (repeating it
-  // from two threads at once is harmless).
-  constexpr int kMaxDevices = 64;
-  static bool opted_in[kMaxDevices] = {};
-  int device = 0;
-  if (cudaGetDevice(&device) != cudaSuccess) return LaunchStatus::kLaunchFailed;
-  if (device < 0 || device >= kMaxDevices || !opted_in[device]) {
-    if (cudaFuncSetAttribute(sparse_mla_partial_kernel<kGroups>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             static_cast<int>(shared_bytes)) != cudaSuccess) {
-      return LaunchStatus::kLaunchFailed;
-    }
-    if (device >= 0 && device < kMaxDevices) opted_in[device] = true;
+  if (!allow_dynamic_shared_memory<sparse_mla_partial_kernel<kGroups>>(shared_bytes)) {
+    return LaunchStatus::kLaunchFailed;
   }
 #endif
   const dim3 grid(static_cast<unsigned>(args.tokens), static_cast<unsigned>((args.heads + kRows - 1) / kRows),

@@ -830,17 +830,8 @@ LaunchStatus launch_wgmma(const BmmA8W8MxScaleArgs& args, hipStream_t stream) {
   constexpr size_t shared_bytes = wgmma_shared_bytes<kWarpGroups, kBlockN, kStages>();
   const int64_t m_tiles = (args.m + Shape::kBlockM - 1) / Shape::kBlockM;
   if (m_tiles > 65535 || args.groups > 65535) return LaunchStatus::kInvalidArgument;
-  // Above 48 KB of dynamic shared memory needs the opt-in, once per instance and device.
-  constexpr int kMaxDevices = 64;
-  static bool opted_in[kMaxDevices] = {};
-  int device = 0;
-  if (cudaGetDevice(&device) != cudaSuccess) return LaunchStatus::kLaunchFailed;
-  if (device < 0 || device >= kMaxDevices || !opted_in[device]) {
-    if (cudaFuncSetAttribute(bmm_wgmma_kernel<kWarpGroups, kBlockN, kStages>,
-                             cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shared_bytes)) != cudaSuccess) {
-      return LaunchStatus::kLaunchFailed;
-    }
-    if (device >= 0 && device < kMaxDevices) opted_in[device] = true;
+  if (!allow_dynamic_shared_memory<bmm_wgmma_kernel<kWarpGroups, kBlockN, kStages>>(shared_bytes)) {
+    return LaunchStatus::kLaunchFailed;
   }
   const dim3 grid(static_cast<unsigned>(args.n / kBlockN), static_cast<unsigned>(m_tiles),
                   static_cast<unsigned>(args.groups));

@@ -59,6 +59,28 @@ int64_t one_wave_blocks(int threads) {
   return blocks;
 }
 
+#if !defined(__HIPCC__)
+// Lets kKernel launch with `bytes` (fixed per kernel instance) of dynamic shared memory: above 48 KB NVIDIA
+// needs an opt-in, made once per instance and device (repeating it from two threads at once is harmless).
+// False when the runtime refuses; its error is cleared so that the next launch's check does not report it.
+template <auto kKernel>
+bool allow_dynamic_shared_memory(size_t bytes) {
+  constexpr int kMaxDevices = 64;
+  static bool opted_in[kMaxDevices] = {};
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) return false;
+  const bool cached = device >= 0 && device < kMaxDevices;
+  if (cached && opted_in[device]) return true;
+  if (cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)) !=
+      cudaSuccess) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  if (cached) opted_in[device] = true;
+  return true;
+}
+#endif
+
 // Programmatic dependent launch (NVIDIA sm_90 and later): a kernel launched with launch_overlapping() may
 // start while the kernel before it on the stream is still running, once every block of that kernel has
 // called release_dependents() or exited; it saves a launch's latency between short kernels. Before the
