@@ -9,9 +9,8 @@ reduced-precision block sums (reduced_precision_block_sums=True, what the wo_a f
 FP8 wgmma kernel, on devices without such a mode the same kernel as the default), cuBLAS block-scaled FP8
 (torch._scaled_mm with 1x128 / 128x128 scales, one call per group; CUDA only, and cuBLAS refuses M = 1),
 cuBLAS BF16 bmm on the dequantized weight, and the PyTorch reference (small M only: it dequantizes in
-fp64). Bytes counted: the
-FP8 activation and weight with their scales read once, the bf16 output written once; FLOPs 2*M*G*N*K
-(the case label gives each implementation's TFLOP/s).
+fp64). Bytes counted: the FP8 activation and weight with their scales read once, the bf16 output written
+once; FLOPs 2*M*G*N*K (the case label gives each implementation's TFLOP/s).
 Forward rows: dsv4ops.wo_a_forward on an FP8 plan (the path its table picks for T, named in the case) against
 the same plan forced onto the BF16 path, both replayed from CUDA graphs; bytes: o, the FP8 weight, the output.
 Quantizer rows: dsv4ops, a device copy of the same bytes (the ceiling at that size), the PyTorch
