@@ -228,6 +228,70 @@ def test_bmm_batch_major_views_and_fnuz_operands(device):
     assert_gemm_close(fnuz.cpu(), want)
 
 
+def _random_codes(shape, dtype, seed):
+    """FP8 bytes drawn uniformly from every code of the dtype's encoding but its NaN code(s): OCP -0 and
+    FNUZ +-240 (which an OCP unit cannot hold as is) included."""
+    g = torch.Generator().manual_seed(seed)
+    codes = torch.arange(256, dtype=torch.int64)
+    nan = (codes & 0x7F) == 0x7F if dtype == torch.float8_e4m3fn else codes == 0x80
+    codes = codes[~nan]
+    return codes[torch.randint(0, len(codes), shape, generator=g)].to(torch.uint8).view(dtype)
+
+
+FP8_DTYPES = [pytest.param(torch.float8_e4m3fn, id="ocp"), pytest.param(torch.float8_e4m3fnuz, id="fnuz")]
+
+
+@pytest.mark.parametrize("x_dtype", FP8_DTYPES)
+@pytest.mark.parametrize("w_dtype", FP8_DTYPES)
+@pytest.mark.parametrize("m,misaligned", [(3, False), (64, False), (300, False), (40, True)])
+@pytest.mark.parametrize("device", DEVICES)
+def test_bmm_every_code_of_both_encodings(x_dtype, w_dtype, m, misaligned, device):
+    """Operands of random bytes over all non-NaN codes of either encoding, in every pairing, through each
+    kernel path (split-K at M <= 64, the staged tiles at M = 300, element-wise loads for misaligned rows):
+    the codes a matrix unit of the other encoding cannot hold as is (FNUZ +-240 and NaN on an OCP unit,
+    OCP -0 and NaN on an FNUZ one) must keep their value. One planted NaN code in x and one in w must give
+    NaN in exactly their row and column (reference: torch's decoding of each dtype)."""
+    groups, n, k = 2, 1024, 512  # M = 300 on an sm_90a build: OCP operands would take the wgmma kernel
+    x = _random_codes((m, groups, k), x_dtype, seed=m)
+    w = _random_codes((groups, n, k), w_dtype, seed=m + 1)
+    x.view(torch.uint8)[m - 1, 0, :] = 0x7F  # a row of the largest magnitude (FNUZ 240, OCP NaN -> fixed below)
+    if x_dtype == torch.float8_e4m3fn:
+        x.view(torch.uint8)[m - 1, 0, :] = 0x7E
+    g = torch.Generator().manual_seed(m + 2)
+    x_scale = torch.randint(118, 137, (m, groups, k // 128), generator=g).to(torch.uint8)
+    w_scale = torch.randint(118, 137, (groups, n // 128, k // 128), generator=g).to(torch.uint8)
+    nan_code = {torch.float8_e4m3fn: 0x7F, torch.float8_e4m3fnuz: 0x80}
+    x.view(torch.uint8)[1, 0, 200] = nan_code[x_dtype]
+    w.view(torch.uint8)[1, 7, 300] = nan_code[w_dtype]
+    want = reference.bmm_a8w8_mxscale(x, w, x_scale, w_scale, torch.float64)
+    expected_nan = torch.zeros(m, groups, n, dtype=torch.bool)
+    expected_nan[1, 0, :] = True
+    expected_nan[:, 1, 7] = True
+    assert torch.equal(torch.isnan(want), expected_nan)
+
+    x_dev, w_dev = x.to(device), w.to(device)
+    if misaligned:
+        x_dev = _misaligned(x_dev.view(torch.uint8), 1).view(x_dtype)
+        w_dev = _misaligned(w_dev.view(torch.uint8), 3).view(w_dtype)
+    got = torch.ops.dsv4.bmm_a8w8_mxscale(x_dev, w_dev, x_scale.to(device), w_scale.to(device), torch.float32).cpu()
+    assert torch.equal(torch.isnan(got), expected_nan)
+    finite = ~expected_nan
+    # fp32 sums of 128 exact products per block, then of the scaled blocks: within 2^-14 of the sum of the
+    # absolute scaled products (a code decoded wrongly, e.g. 240 read as 448, is off by ~1e-3 of it).
+    def magnitudes(t):
+        bytes_ = t.view(torch.uint8).clone()
+        bytes_[bytes_ == nan_code[t.dtype]] = 0
+        return (bytes_ & 0x7F).view(t.dtype)
+    absolute = reference.bmm_a8w8_mxscale(magnitudes(x), magnitudes(w), x_scale, w_scale, torch.float64)
+    error = (got.double() - want).abs()
+    assert bool((error[finite] <= absolute[finite] * 2.0**-14).all())
+    if x_dtype != torch.float8_e4m3fn or w_dtype != torch.float8_e4m3fn:
+        # FNUZ operands never take the reduced-precision path (it feeds the OCP bytes to the unit as they are)
+        reduced = torch.ops.dsv4.bmm_a8w8_mxscale(x_dev, w_dev, x_scale.to(device), w_scale.to(device),
+                                                  torch.float32, reduced_precision_block_sums=True).cpu()
+        assert_bytes_equal(reduced.view(torch.int32), got.view(torch.int32))
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_zero_tokens(device):
     o = torch.empty(0, 16, 512, dtype=torch.bfloat16, device=device)

@@ -8,7 +8,8 @@
 //   gfx950:         the same MFMA on OCP operands (the block-scaled MFMA is a later optimisation).
 // Each 128-deep K block is multiplied into a fresh fp32 fragment, which is then folded into the running
 // fp32 sum with the block's scale 2^(xs + ws - 254) (exact: a power of two, spec §4.5). Operands in the
-// other encoding than the unit's take one more factor 2 (an FNUZ byte is worth half the OCP byte).
+// other encoding than the unit's take one more factor 2 (an FNUZ byte is worth half the OCP byte), and the
+// codes that do not carry over (NaN, OCP -0, FNUZ +-240) are rewritten per fragment (to_unit_encoding).
 //
 // The k permutation: a lane loads 16 consecutive bytes of an x row and of a w row per 64-deep half block,
 // and the products over k are matched by giving the A and B slots the same permutation of k (a dot
@@ -36,6 +37,7 @@
 #include "dsv4/bf16.h"
 #include "dsv4/launch.h"
 #include "dsv4/ue8m0.h"
+#include "dsv4/wgmma.h"
 #include "wo_a_launchers.h"
 
 namespace dsv4::gpu {
@@ -121,6 +123,47 @@ DSV4_DEVICE float pow2i(int e) {
   return e >= -126 ? bits_float(static_cast<uint32_t>(e + 127) << 23) : bits_float(1u << (e + 149));
 }
 
+// Operands in the other encoding than the unit's (an FNUZ operand on an OCP unit: NVIDIA, gfx950; an OCP
+// operand on gfx942's FNUZ unit). Their bytes go to the unit as they are, worth twice or half their value
+// (encoding_shift), except the codes that do not carry over, which mma_step_foreign rewrites per step:
+//   * FNUZ unit reading OCP: -0 (0x80) would be FNUZ NaN and becomes 0x00; OCP NaN (0x7F, 0xFF) becomes
+//     FNUZ NaN (0x80) -- exactly ocp_byte_to_fnuz_byte, four bytes at a time.
+//   * OCP unit reading FNUZ: FNUZ NaN (0x80) would be OCP -0 and becomes OCP NaN (0x7F). +-240 (0x7F,
+//     0xFF) would be OCP NaN, and its doubled value +-480 is past OCP's largest, 448: the main word takes
+//     +-448 (0x7E, 0xFE) and a fix word the remaining +-32 (0x60, 0xE0), zero elsewhere; a warp whose
+//     fragments hold any such byte adds the fix products (rare: the step costs one extra MMA or three).
+// Byte masks of a 32-bit word: 0x80 in each byte that is 0x80 / whose magnitude bits are all ones.
+DSV4_DEVICE uint32_t bytes_equal_0x80(uint32_t w) {
+  const uint32_t z = w ^ 0x80808080u;  // zero bytes where w's byte is 0x80
+  return ~(((z & 0x7F7F7F7Fu) + 0x7F7F7F7Fu) | z) & 0x80808080u;
+}
+DSV4_DEVICE uint32_t bytes_magnitude_0x7f(uint32_t w) { return ((w & 0x7F7F7F7Fu) + 0x01010101u) & 0x80808080u; }
+// (mask >> 7) * byte: byte in each marked byte of the word (no carries: one bit per byte).
+DSV4_DEVICE uint32_t spread(uint32_t mask, uint32_t byte) { return (mask >> 7) * byte; }
+
+struct UnitWord {
+  uint32_t main;
+  uint32_t fix;
+};
+
+DSV4_DEVICE UnitWord to_unit_encoding(uint32_t w) {
+#if defined(__gfx942__)
+  const uint32_t negative_zero = bytes_equal_0x80(w);
+  const uint32_t nan = bytes_magnitude_0x7f(w);
+  return {(w & ~spread(negative_zero | nan, 0xFFu)) | nan, 0u};
+#else
+  const uint32_t nan = bytes_equal_0x80(w);
+  const uint32_t largest = bytes_magnitude_0x7f(w);
+  return {(w ^ spread(nan, 0xFFu)) - spread(largest, 1u), spread(largest, 0x60u) | (w & largest)};
+#endif
+}
+
+#if defined(__AMDGCN__) || defined(__HIP_PLATFORM_AMD__)
+DSV4_DEVICE bool warp_any(bool predicate) { return __any(predicate); }
+#else
+DSV4_DEVICE bool warp_any(bool predicate) { return __any_sync(0xffffffffu, predicate); }
+#endif
+
 // The factors f1 * f2 = 2^(xs + ws - 254 + shift), each exact; NaN when either byte is the E8M0 NaN.
 struct BlockScale {
   float f1;
@@ -136,6 +179,47 @@ DSV4_DEVICE BlockScale block_scale(uint32_t xs, uint32_t ws, int shift) {
   return {nan ? bits_float(0x7fc00000u) : pow2i(e1), pow2i(e2)};
 }
 
+// mma_step for operands that may be in the other encoding than the unit's (x_foreign / w_foreign: which
+// are; see to_unit_encoding). Warp-uniform flags: the fix products are warp-wide MMAs.
+DSV4_DEVICE void mma_step_foreign(float* c, const Frag16& a_lo, const Frag16& a_hi, const Frag16& b, int s,
+                                  bool x_foreign, bool w_foreign) {
+  Frag16 main_a_lo = a_lo, main_a_hi = a_hi, main_b = b;
+  Frag16 fix_a_lo{}, fix_a_hi{}, fix_b{};
+  uint32_t a_fix_bits = 0, b_fix_bits = 0;
+#pragma unroll
+  for (int i = 2 * s; i < 2 * s + 2; ++i) {
+    if (x_foreign) {
+      const UnitWord lo = to_unit_encoding(a_lo.u[i]);
+      const UnitWord hi = to_unit_encoding(a_hi.u[i]);
+      main_a_lo.u[i] = lo.main;
+      main_a_hi.u[i] = hi.main;
+      fix_a_lo.u[i] = lo.fix;
+      fix_a_hi.u[i] = hi.fix;
+      a_fix_bits |= lo.fix | hi.fix;
+    }
+    if (w_foreign) {
+      const UnitWord word = to_unit_encoding(b.u[i]);
+      main_b.u[i] = word.main;
+      fix_b.u[i] = word.fix;
+      b_fix_bits |= word.fix;
+    }
+  }
+  mma_step(c, main_a_lo, main_a_hi, main_b, s);
+#if defined(__gfx942__)
+  (void)fix_a_lo;
+  (void)fix_a_hi;
+  (void)fix_b;
+  (void)a_fix_bits;
+  (void)b_fix_bits;
+#else
+  const bool a_fix = warp_any(a_fix_bits != 0);
+  const bool b_fix = warp_any(b_fix_bits != 0);
+  if (a_fix) mma_step(c, fix_a_lo, fix_a_hi, main_b, s);
+  if (b_fix) mma_step(c, main_a_lo, main_a_hi, fix_b, s);
+  if (a_fix && b_fix) mma_step(c, fix_a_lo, fix_a_hi, fix_b, s);
+#endif
+}
+
 // The unit's operand encoding against each operand's: the exponent shift of the product.
 DSV4_DEVICE int encoding_shift(const BmmA8W8MxScaleArgs& args) {
 #if defined(__gfx942__)
@@ -147,7 +231,16 @@ DSV4_DEVICE int encoding_shift(const BmmA8W8MxScaleArgs& args) {
 #endif
 }
 
-template <int kMTiles, int kBlockN, bool kSplitK, bool kVector>
+// The matrix unit's encoding in this device pass (host code asks device_matrix_units_read_fnuz()).
+#if defined(__gfx942__)
+constexpr Fp8Format kUnitFormat = Fp8Format::kFNUZ;
+#else
+constexpr Fp8Format kUnitFormat = Fp8Format::kOCP;
+#endif
+
+// kForeign: an operand may be in the other encoding than the unit's (mma_step_foreign); a separate
+// instantiation, so that the common case carries none of its code or registers.
+template <int kMTiles, int kBlockN, bool kSplitK, bool kVector, bool kForeign>
 __global__ void __launch_bounds__(kThreads) bmm_kernel(BmmA8W8MxScaleArgs args) {
   wait_for_previous_kernel();  // launched to overlap the kernel before it (launch_overlapping)
   constexpr int kWarpsN = kSplitK ? 1 : kWarps;
@@ -173,6 +266,8 @@ __global__ void __launch_bounds__(kThreads) bmm_kernel(BmmA8W8MxScaleArgs args) 
   const int64_t n_warp = static_cast<int64_t>(blockIdx.y) * kBlockN + warp_n * (kNTiles * kTileN);
   const int64_t k_blocks = args.k / kBlockK;
   const int shift = encoding_shift(args);
+  const bool x_foreign = kForeign && args.x_format != kUnitFormat;
+  const bool w_foreign = kForeign && args.w_format != kUnitFormat;
 
   // Row pointers of this lane's fragments (rows past M read row 0's... never: they are masked to zero).
   const uint8_t* x_rows[kMTiles][2];
@@ -270,7 +365,14 @@ __global__ void __launch_bounds__(kThreads) bmm_kernel(BmmA8W8MxScaleArgs args) 
 #pragma unroll
         for (int mt = 0; mt < kMTiles; ++mt) {
 #pragma unroll
-          for (int nt = 0; nt < kNTiles; ++nt) mma_step(&part[(mt * kNTiles + nt) * 4], a[mt][0], a[mt][1], b[nt], s);
+          for (int nt = 0; nt < kNTiles; ++nt) {
+            float* c = &part[(mt * kNTiles + nt) * 4];
+            if constexpr (kForeign) {
+              mma_step_foreign(c, a[mt][0], a[mt][1], b[nt], s, x_foreign, w_foreign);
+            } else {
+              mma_step(c, a[mt][0], a[mt][1], b[nt], s);
+            }
+          }
         }
       }
     }
@@ -586,9 +688,6 @@ __global__ void __launch_bounds__(kThreads) bmm_tiled_kernel(BmmA8W8MxScaleArgs 
 // (16-byte chunk c of row r at chunk c ^ (r % 8), tiles on 1024-byte boundaries). The block's four k32
 // steps multiply into a fresh fp32 fragment that is folded into the running sum with the block's scales,
 // exactly as in the kernels above. Rows past M are zero-filled and not stored.
-#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-#define DSV4_WO_A_WGMMA 1
-#endif
 
 template <int kWarpGroups, int kBlockN>
 struct WgmmaShape {
@@ -605,58 +704,11 @@ constexpr size_t wgmma_shared_bytes() {
   return static_cast<size_t>(kStages) * WgmmaShape<kWarpGroups, kBlockN>::kStageBytes + 1024;  // + alignment
 }
 
-#if defined(DSV4_WO_A_WGMMA)
-DSV4_DEVICE void wgmma_m64n64k32(float (&d)[32], uint64_t a_desc, uint64_t b_desc, uint32_t accumulate) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3 {"
-      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
-      "}, %32, %33, p, 1, 1;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-      : "l"(a_desc), "l"(b_desc), "r"(accumulate));
-}
-DSV4_DEVICE void wgmma_m64n128k32(float (&d)[64], uint64_t a_desc, uint64_t b_desc, uint32_t accumulate) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3 {"
-      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
-      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
-      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
-      "}, %64, %65, p, 1, 1;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-      : "l"(a_desc), "l"(b_desc), "r"(accumulate));
-}
-// A K-major tile of 128-byte rows in the 128-byte swizzle: start address, leading offset unused (1),
-// 1024 bytes between 8-row groups, swizzle mode 1.
-DSV4_DEVICE uint64_t swizzled_tile_descriptor(uint32_t shared_address) {
-  return static_cast<uint64_t>((shared_address & 0x3ffffu) >> 4) | (1ull << 16) | (64ull << 32) | (1ull << 62);
-}
-
-// Keeps the compiler from moving reads or writes of an accumulator across the wgmma fence and wait
-// instructions (the asm statements that multiply into it do not say when the unit writes it).
-template <int kCount>
-DSV4_DEVICE void pin_registers(float (&d)[kCount]) {
-#pragma unroll
-  for (int i = 0; i < kCount; ++i) asm volatile("" : "+f"(d[i])::"memory");
-}
-#endif
 
 template <int kWarpGroups, int kBlockN, int kStages>
 __global__ void __launch_bounds__(128 * kWarpGroups) bmm_wgmma_kernel(BmmA8W8MxScaleArgs args) {
   wait_for_previous_kernel();  // launched to overlap the kernel before it (launch_overlapping)
-#if defined(DSV4_WO_A_WGMMA)
+#if defined(DSV4_WGMMA)
   using Shape = WgmmaShape<kWarpGroups, kBlockN>;
   constexpr int kAcc = Shape::kAcc;
   extern __shared__ __align__(1024) uint8_t wgmma_shared[];
@@ -802,27 +854,6 @@ __global__ void __launch_bounds__(128 * kWarpGroups) bmm_wgmma_kernel(BmmA8W8MxS
 #endif
 }
 
-// Whether the current device runs bmm_wgmma_kernel: a build whose NVIDIA code is sm_90a only (with plain
-// sm_90 code beside it the runtime might load that, where the kernel traps) on a compute capability 9.0
-// device. Cached per device.
-bool device_runs_wgmma() {
-#if defined(DSV4_CUDA_SM90A_ONLY_BUILD)
-  constexpr int kMaxDevices = 64;
-  static int known[kMaxDevices] = {};  // 0 unknown, 1 yes, 2 no
-  int device = 0;
-  if (cudaGetDevice(&device) != cudaSuccess || device < 0 || device >= kMaxDevices) return false;
-  if (known[device] == 0) {
-    int major = 0;
-    int minor = 0;
-    const bool ok = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) == cudaSuccess &&
-                    cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) == cudaSuccess;
-    known[device] = ok && major == 9 && minor == 0 ? 1 : 2;
-  }
-  return known[device] == 1;
-#else
-  return false;
-#endif
-}
 
 template <int kWarpGroups, int kBlockN, int kStages>
 LaunchStatus launch_wgmma(const BmmA8W8MxScaleArgs& args, hipStream_t stream) {
@@ -841,7 +872,7 @@ LaunchStatus launch_wgmma(const BmmA8W8MxScaleArgs& args, hipStream_t stream) {
 }
 #endif  // !__HIPCC__
 
-template <int kMTiles, int kBlockN, bool kSplitK>
+template <int kMTiles, int kBlockN, bool kSplitK, bool kForeign = false>
 LaunchStatus launch_config(const BmmA8W8MxScaleArgs& args, bool vector, hipStream_t stream) {
   const int64_t m_tiles = (args.m + kMTiles * 16 - 1) / (kMTiles * 16);
   if (m_tiles > 0x7fffffff || args.groups > 65535 || args.n / kBlockN > 65535) return LaunchStatus::kInvalidArgument;
@@ -849,9 +880,9 @@ LaunchStatus launch_config(const BmmA8W8MxScaleArgs& args, bool vector, hipStrea
   const dim3 grid(static_cast<unsigned>(m_tiles), static_cast<unsigned>(args.n / kBlockN),
                   static_cast<unsigned>(args.groups));
   if (vector) {
-    launch_overlapping(bmm_kernel<kMTiles, kBlockN, kSplitK, true>, grid, dim3(kThreads), 0, stream, args);
+    launch_overlapping(bmm_kernel<kMTiles, kBlockN, kSplitK, true, kForeign>, grid, dim3(kThreads), 0, stream, args);
   } else {
-    launch_overlapping(bmm_kernel<kMTiles, kBlockN, kSplitK, false>, grid, dim3(kThreads), 0, stream, args);
+    launch_overlapping(bmm_kernel<kMTiles, kBlockN, kSplitK, false, kForeign>, grid, dim3(kThreads), 0, stream, args);
   }
   return last_launch_status();
 }
@@ -875,7 +906,9 @@ LaunchStatus launch_bmm_a8w8_mxscale(const BmmA8W8MxScaleArgs& args, void* strea
   // 46). Up to M = 16, and with fewer tiles (M <= 64 at G <= 2), the split-K kernel keeps the lead (M = 16,
   // G = 8: 13.5 us against 16.7; M = 64, G = 1: 6.6 against 16.4).
   // (Grids of more than 65535 M tiles, M > 4M rows, take the kernels below, whose M tiles run along x.)
-  if (args.reduced_precision_block_sums && vector && (args.m + 63) / 64 <= 65535 && device_runs_wgmma()) {
+  // (OCP operands only: the FNUZ codes an OCP unit cannot hold are rewritten per fragment by the kernels below.)
+  if (args.reduced_precision_block_sums && vector && args.x_format == Fp8Format::kOCP &&
+      args.w_format == Fp8Format::kOCP && (args.m + 63) / 64 <= 65535 && device_runs_wgmma()) {
     const int64_t large_tiles = (args.m + 127) / 128 * (args.n / 128) * args.groups;
     const int64_t wide_tiles = (args.m + 63) / 64 * (args.n / 128) * args.groups;
     const int64_t small_tiles = (args.m + 63) / 64 * (args.n / 64) * args.groups;
@@ -892,6 +925,13 @@ LaunchStatus launch_bmm_a8w8_mxscale(const BmmA8W8MxScaleArgs& args, void* strea
   // it idle (M = 256, G = 1: 32 blocks, 52 us): the split-K kernel's many small blocks serve it instead.
   constexpr int64_t kFewBlocks = 132;
   const bool few_tiles = args.m <= 256 && m_tiles * (args.n / kTileNLarge) * args.groups < kFewBlocks;
+  // Operands in the other encoding than the unit's (a compatibility path: each platform's own callers
+  // store its encoding) take the bmm_kernel instantiations that rewrite their codes.
+  const Fp8Format unit_format = device_matrix_units_read_fnuz() ? Fp8Format::kFNUZ : Fp8Format::kOCP;
+  if (args.x_format != unit_format || args.w_format != unit_format) {
+    if (args.m <= 64 || few_tiles) return launch_config<1, 16, true, true>(args, vector, hip_stream);
+    return launch_config<4, 128, false, true>(args, vector, hip_stream);
+  }
   if (args.m <= 64 || few_tiles) return launch_config<1, 16, true>(args, vector, hip_stream);
   if (!vector) return launch_config<4, 128, false>(args, vector, hip_stream);  // unaligned rows: no staging
   if (m_tiles > 65535 || args.groups > 65535) return LaunchStatus::kInvalidArgument;

@@ -1,6 +1,8 @@
 // Launch helpers for elementwise kernels (device builds only). Torch-free.
 #pragma once
 
+#include <cstring>
+
 #include "dsv4/platform.h"
 
 #if DSV4_GPU_COMPILER
@@ -34,6 +36,26 @@ inline int device_multiprocessors() {
   }
 #endif
   return count > 0 ? count : 128;
+}
+
+// Whether the current device's FP8 matrix units read e4m3 as FNUZ (gfx942) rather than OCP (gfx950,
+// NVIDIA). Host side, queried once per device: one ROCm binary can hold code for both AMD chips.
+inline bool device_matrix_units_read_fnuz() {
+#if defined(__HIPCC__)
+  constexpr int kMaxDevices = 64;
+  static int known[kMaxDevices] = {};  // 0 unknown, 1 FNUZ, 2 OCP
+  int device = 0;
+  if (hipGetDevice(&device) != hipSuccess) return false;
+  const bool cached = device >= 0 && device < kMaxDevices;
+  if (cached && known[device] != 0) return known[device] == 1;
+  hipDeviceProp_t properties;
+  if (hipGetDeviceProperties(&properties, device) != hipSuccess) return false;
+  const bool fnuz = std::strncmp(properties.gcnArchName, "gfx942", 6) == 0;
+  if (cached) known[device] = fnuz ? 1 : 2;
+  return fnuz;
+#else
+  return false;
+#endif
 }
 
 // Blocks of `threads` threads of `kKernel` that are resident at once on the whole device (one wave): the
