@@ -32,6 +32,7 @@
 #include <cmath>
 
 #include "dsv4/launch.h"
+#include "dsv4/wgmma.h"
 #include "indexer/indexer_launchers.h"
 
 #if DSV4_DEVICE_PASS && defined(__HIP_DEVICE_COMPILE__) && (defined(__gfx942__) || defined(__gfx950__))
@@ -443,6 +444,288 @@ __global__ void __launch_bounds__(kElementwiseThreads) paged_mqa_logits_scalar_k
   }
 }
 
+#if !defined(__HIPCC__)
+// ---- sm_90a: logits_wgmma_kernel (warpgroup MMA, Hopper's FP8 tensor-core path) ----------------------
+// For heads 64 and dim 128 with OCP q and k (the encoding NVIDIA writers store; FNUZ operands keep the
+// kernels above, which rewrite their codes), in both ops: a block of two warp groups owns kWgKeys
+// consecutive keys, held in shared memory for the block's life, and a run of query rows (prefill: kWgRows
+// rows; decode: the next_n rows of one request, whose keys come through its block-table row). Each warp
+// group multiplies its two 64-key tiles (M = keys, K = dim) by a row's q (N = heads), D[key, head] =
+// k . q_h, so the heads lie along the accumulator's columns: a thread holds 16 heads of each of its 4 keys,
+// applies ReLU and the weights, and the 4 lanes of a quad finish the sums (3 shuffles, after which each
+// lane holds one key's logit). The rows' q (8 KB) and weights (256 B) come through a kWgStages-deep
+// cp.async ring; rows whose window misses the block's keys skip the multiply. Operand tiles are 128-byte
+// rows in the 128-byte swizzle (16-byte chunk c of row r at c ^ (r % 8)), as in the wgmma GEMM of wo_a.
+// Numerics: the unit sums each 32-deep step of a dot product in fixed point aligned to the largest of its
+// products and the running sum, keeping about 14 bits (dsv4/wgmma.h). Against the exact sums a logit is
+// then off by up to ~1e-3 of its row's largest (random N(0,1) q and k, weights of mixed sign, on the
+// H200), inside the spec's calc_diff < 1e-3 by orders of magnitude (spec §3.7); tests/test_indexer.py
+// bounds the error elementwise from this model. The DeepGEMM and Triton peers on Hopper sum the same way.
+constexpr int kWgKeys = 256;
+constexpr int kWgRows = 128;
+constexpr int kWgStages = 4;
+constexpr int kWgThreads = 256;
+constexpr int kWgHeads = 64;
+constexpr int kWgDim = 128;
+constexpr int kWgKeyBytes = kWgKeys * kWgDim;
+constexpr int kWgQBytes = kWgHeads * kWgDim;
+constexpr int kWgWeightBytes = kWgHeads * 4;
+constexpr size_t kWgSharedBytes = kWgKeyBytes + kWgStages * (kWgQBytes + kWgWeightBytes) + 1024;  // + alignment
+
+#if defined(DSV4_WGMMA)
+// Scores of a warp group's two 64-key tiles (keys at a_tile, 128-byte rows) against one row's q (b_tile).
+DSV4_DEVICE void wgmma_row_scores(float (&acc0)[32], float (&acc1)[32], uint32_t a_tile, uint32_t b_tile) {
+  pin_registers(acc0);
+  pin_registers(acc1);
+  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#pragma unroll
+  for (int s = 0; s < kWgDim / 32; ++s) {
+    wgmma_m64n64k32(acc0, swizzled_tile_descriptor(a_tile + 32 * s), swizzled_tile_descriptor(b_tile + 32 * s),
+                    s > 0 ? 1u : 0u);
+  }
+#pragma unroll
+  for (int s = 0; s < kWgDim / 32; ++s) {
+    wgmma_m64n64k32(acc1, swizzled_tile_descriptor(a_tile + 64 * kWgDim + 32 * s),
+                    swizzled_tile_descriptor(b_tile + 32 * s), s > 0 ? 1u : 0u);
+  }
+  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+  asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+  pin_registers(acc0);
+  pin_registers(acc1);
+}
+
+// sum_h w[h] ReLU(score) of this lane's key (wgmma_lane_key) from the accumulators; weights: the row's 64
+// fp32 head weights in shared memory.
+DSV4_DEVICE float wgmma_row_logit(const float (&acc0)[32], const float (&acc1)[32], const float* weights, int lane) {
+  // Entry i of a tile: key row lane / 4 + 8 * ((i / 2) % 2), head 8 * (i / 4) + 2 * (lane % 4) + i % 2.
+  const float2* w = reinterpret_cast<const float2*>(weights) + (lane % 4);
+  float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};  // tile 0 low/high key, tile 1 low/high key
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    const float2 wj = w[4 * j];
+    v[0] += wj.x * fmaxf(acc0[4 * j], 0.0f) + wj.y * fmaxf(acc0[4 * j + 1], 0.0f);
+    v[1] += wj.x * fmaxf(acc0[4 * j + 2], 0.0f) + wj.y * fmaxf(acc0[4 * j + 3], 0.0f);
+    v[2] += wj.x * fmaxf(acc1[4 * j], 0.0f) + wj.y * fmaxf(acc1[4 * j + 1], 0.0f);
+    v[3] += wj.x * fmaxf(acc1[4 * j + 2], 0.0f) + wj.y * fmaxf(acc1[4 * j + 3], 0.0f);
+  }
+  // Quad reduction that leaves lane q with sum v[2 * (q >> 1 & 1) + (q & 1)]: each step keeps half of
+  // the values and adds the partner's copy of them.
+  const bool odd = (lane & 1) != 0;
+  const float keep0 = odd ? v[1] : v[0], keep1 = odd ? v[3] : v[2];
+  const float give0 = odd ? v[0] : v[1], give1 = odd ? v[2] : v[3];
+  const float u0 = keep0 + lane_xor(give0, 1);
+  const float u1 = keep1 + lane_xor(give1, 1);
+  const bool upper = (lane & 2) != 0;
+  return (upper ? u1 : u0) + lane_xor(upper ? u0 : u1, 2);
+}
+#endif
+
+// The key (offset in a kWgKeys tile) whose logit wgmma_row_logit leaves in this thread: tile bit 1 of the
+// lane, half bit 0.
+DSV4_DEVICE int wgmma_lane_key(int tid) {
+  const int lane = tid % 32;
+  return (tid / 128) * 128 + ((lane >> 1) & 1) * 64 + ((tid / 32) % 4) * 16 + lane / 4 + 8 * (lane & 1);
+}
+
+// 16-byte chunk c = tid + j * kWgThreads of a tile of 128-byte rows is row c / 8, column c % 8; a thread's
+// rows are all equal mod 8, so its offset in the 128-byte swizzle is one XOR.
+DSV4_DEVICE uint32_t wgmma_copy_offset(int tid) {
+  return static_cast<uint32_t>(tid * 16) ^ static_cast<uint32_t>(((tid / 8) % 8) * 16);
+}
+
+// The prefill problem of a block: keys [n0, n0 + kWgKeys) of k, rows [r0, r0 + rows) with windows [ks, ke).
+struct MqaWgmmaBlock {
+  const MqaLogitsArgs& args;
+  int64_t n0, r0, rows;
+  DSV4_DEVICE explicit MqaWgmmaBlock(const MqaLogitsArgs& a)
+      : args(a),
+        n0(static_cast<int64_t>(blockIdx.x) * kWgKeys),
+        r0((static_cast<int64_t>(gridDim.y) - 1 - blockIdx.y) * kWgRows),  // long causal windows first
+        rows(a.m - r0 < kWgRows ? a.m - r0 : kWgRows) {}
+  DSV4_DEVICE int64_t key_limit() const { return args.n; }
+  DSV4_DEVICE void window(int64_t t, int64_t& lo, int64_t& hi) const {
+    lo = clamp64(args.ks[r0 + t], 0, args.n);
+    hi = clamp64(args.ke[r0 + t], lo, args.n);
+  }
+  DSV4_DEVICE const uint8_t* key_bytes(int64_t key) const {
+    return key < args.n ? args.k + key * args.k_row_stride : nullptr;
+  }
+  DSV4_DEVICE float key_scale(int64_t key) const { return args.k_scale[key]; }
+  DSV4_DEVICE const uint8_t* q_row(int64_t t) const { return args.q + (r0 + t) * args.q_row_stride; }
+  DSV4_DEVICE int64_t q_head_stride() const { return args.q_head_stride; }
+  DSV4_DEVICE const float* weights(int64_t t) const { return args.weights + (r0 + t) * kWgHeads; }
+  DSV4_DEVICE float* logits(int64_t t) const { return args.logits + (r0 + t) * args.logits_row_stride; }
+  DSV4_DEVICE bool clean() const { return args.clean; }
+};
+
+// The decode problem of a block: keys [n0, n0 + kWgKeys) of request blockIdx.y's block-table row, its next_n
+// rows, row t seeing [0, row_length). A key whose block is missing has no bytes (its logit is -inf).
+struct PagedWgmmaBlock {
+  const PagedMqaLogitsArgs& args;
+  PagedKeys keys;
+  int64_t n0, r0, rows;
+  DSV4_DEVICE explicit PagedWgmmaBlock(const PagedMqaLogitsArgs& a)
+      : args(a),
+        keys{a.cache, a.block_tables + static_cast<int64_t>(blockIdx.y) * a.table_row_stride, a.table_cols,
+             a.num_blocks, a.block_size, a.block_stride, a.dim},
+        n0(static_cast<int64_t>(blockIdx.x) * kWgKeys),
+        r0(static_cast<int64_t>(blockIdx.y) * a.next_n),
+        rows(a.next_n) {}
+  DSV4_DEVICE int64_t key_limit() const { return args.max_model_len; }
+  DSV4_DEVICE void window(int64_t t, int64_t& lo, int64_t& hi) const {
+    lo = 0;
+    hi = args.row_length(r0 + t);
+  }
+  DSV4_DEVICE const uint8_t* key_bytes(int64_t key) const {
+    return key < args.max_model_len ? keys.bytes(key) : nullptr;
+  }
+  DSV4_DEVICE float key_scale(int64_t key) const { return keys.key_scale(key); }
+  DSV4_DEVICE const uint8_t* q_row(int64_t t) const { return args.q + (r0 + t) * kWgHeads * kWgDim; }
+  DSV4_DEVICE int64_t q_head_stride() const { return kWgDim; }
+  DSV4_DEVICE const float* weights(int64_t t) const { return args.weights + (r0 + t) * kWgHeads; }
+  DSV4_DEVICE float* logits(int64_t t) const { return args.logits + (r0 + t) * args.logits_row_stride; }
+  DSV4_DEVICE bool clean() const { return args.clean; }
+};
+
+template <class Block, class Args>
+__global__ void __launch_bounds__(kWgThreads, 2) logits_wgmma_kernel(Args args) {
+  wait_for_previous_kernel();  // launched to overlap the kernel before it (launch_overlapping)
+#if defined(DSV4_WGMMA)
+  extern __shared__ __align__(1024) uint8_t wg_shared[];
+  const Block block(args);
+  const uint32_t shared_raw = static_cast<uint32_t>(__cvta_generic_to_shared(wg_shared));
+  const uint32_t padding = ((shared_raw + 1023u) & ~1023u) - shared_raw;  // tiles on 1024-byte boundaries
+  const uint32_t keys_tile = shared_raw + padding;
+  const uint32_t q_tiles = keys_tile + kWgKeyBytes;
+  const uint32_t weight_tiles = q_tiles + kWgStages * kWgQBytes;
+  const float* weight_tiles_generic =
+      reinterpret_cast<const float*>(wg_shared + padding + kWgKeyBytes + kWgStages * kWgQBytes);
+  const int tid = static_cast<int>(threadIdx.x);
+  const int lane = tid % 32;
+  const int64_t n0 = block.n0;
+  const int64_t rows = block.rows;
+  const int64_t key_limit = block.key_limit();
+  const int64_t key_end = key_limit - n0 < kWgKeys ? key_limit : n0 + kWgKeys;
+
+  const int64_t my_key = n0 + wgmma_lane_key(tid);
+  const bool key_inside = my_key < key_limit;
+  const auto fill_row = [&](int64_t t, int64_t lo, int64_t hi) {  // -inf at this lane's key outside the window
+    if (block.clean() && key_inside && (my_key < lo || my_key >= hi)) block.logits(t)[my_key] = minus_inf();
+  };
+
+  // A block none of whose rows sees its keys only writes -inf (causal prefill: about half the blocks).
+  bool sees = false;
+  for (int64_t t = tid; t < rows; t += kWgThreads) {
+    int64_t lo, hi;
+    block.window(t, lo, hi);
+    sees = sees || (lo < hi && lo < key_end && hi > n0);
+  }
+  if (!__syncthreads_or(sees)) {
+    for (int64_t t = 0; t < rows; ++t) {
+      int64_t lo, hi;
+      block.window(t, lo, hi);
+      fill_row(t, lo, hi);
+    }
+    return;
+  }
+
+  // Missing keys are filled with zeros.
+  const uint32_t copy_offset = wgmma_copy_offset(tid);
+#pragma unroll
+  for (int j = 0; j < kWgKeyBytes / 16 / kWgThreads; ++j) {
+    const int c = tid + j * kWgThreads;
+    const uint8_t* row_bytes = block.key_bytes(n0 + c / 8);
+    const uint8_t* src = row_bytes != nullptr ? row_bytes + (c % 8) * 16 : block.q_row(0);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(keys_tile + copy_offset + j * kWgThreads * 16),
+                 "l"(src), "r"(row_bytes != nullptr ? 16 : 0));
+  }
+  const auto issue_row = [&](int64_t t) {  // row t into stage t % kWgStages; an empty group past the rows
+    if (t < rows) {
+      const uint8_t* q = block.q_row(t);
+      const int64_t head_stride = block.q_head_stride();
+      const uint32_t stage = static_cast<uint32_t>(t % kWgStages);
+#pragma unroll
+      for (int j = 0; j < kWgQBytes / 16 / kWgThreads; ++j) {
+        const int c = tid + j * kWgThreads;
+        const uint8_t* src = q + (c / 8) * head_stride + (c % 8) * 16;
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(q_tiles + stage * kWgQBytes + copy_offset +
+                                                                         j * kWgThreads * 16),
+                     "l"(src));
+      }
+      if (tid < kWgWeightBytes / 16) {
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(weight_tiles + stage * kWgWeightBytes + tid * 16),
+                     "l"(block.weights(t) + tid * 4));
+      }
+    }
+    asm volatile("cp.async.commit_group;\n" ::);
+  };
+#pragma unroll
+  for (int t = 0; t < kWgStages - 1; ++t) issue_row(t);  // the keys travel in the first group
+
+  const bool key_present = key_inside && block.key_bytes(my_key) != nullptr;
+  const float key_scale = key_present ? block.key_scale(my_key) : 0.0f;
+  const uint32_t a_tile = keys_tile + (tid / 128) * 128 * kWgDim;
+  float acc0[32], acc1[32];
+  for (int64_t t = 0; t < rows; ++t) {
+    // Groups committed: t + kWgStages - 1; with at most kWgStages - 2 pending, row t (and the keys) landed.
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(kWgStages - 2));
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // cp.async writes -> wgmma reads
+    __syncthreads();  // every thread's copies visible; every warp group done with row t - 1's stage
+    issue_row(t + kWgStages - 1);
+    int64_t lo, hi;
+    block.window(t, lo, hi);
+    if (!(lo < hi && lo < key_end && hi > n0)) {
+      fill_row(t, lo, hi);
+      continue;
+    }
+    const uint32_t stage = static_cast<uint32_t>(t % kWgStages);
+    wgmma_row_scores(acc0, acc1, a_tile, q_tiles + stage * kWgQBytes);
+    const float logit = wgmma_row_logit(acc0, acc1, weight_tiles_generic + stage * kWgHeads, lane);
+    if (key_inside) {
+      float* out = block.logits(t) + my_key;
+      if (my_key >= lo && my_key < hi) {
+        *out = key_present ? logit * key_scale : minus_inf();
+      } else if (block.clean()) {
+        *out = minus_inf();
+      }
+    }
+  }
+  asm volatile("cp.async.wait_group 0;\n" ::);
+#else
+  (void)args;
+#if DSV4_DEVICE_PASS
+  __builtin_trap();  // no wgmma in this device pass; the launcher picks this kernel only where it runs
+#endif
+#endif
+}
+
+template <class Block, class Args>
+LaunchStatus launch_logits_wgmma(const Args& args, int64_t keys, int64_t row_blocks, void* stream) {
+  if (!allow_dynamic_shared_memory<logits_wgmma_kernel<Block, Args>>(kWgSharedBytes)) {
+    return LaunchStatus::kLaunchFailed;
+  }
+  const dim3 grid(static_cast<unsigned>((keys + kWgKeys - 1) / kWgKeys), static_cast<unsigned>(row_blocks));
+  launch_overlapping(logits_wgmma_kernel<Block, Args>, grid, dim3(kWgThreads), kWgSharedBytes,
+                     static_cast<hipStream_t>(stream), args);
+  return last_launch_status();
+}
+
+bool wgmma_logits_shape(int64_t heads, int64_t dim, Fp8Format q_format, Fp8Format k_format, const float* weights) {
+  return device_runs_wgmma() && heads == kWgHeads && dim == kWgDim && q_format == Fp8Format::kOCP &&
+         k_format == Fp8Format::kOCP && is_aligned(weights, 16);
+}
+
+bool mqa_logits_uses_wgmma(const MqaLogitsArgs& args) {
+  return wgmma_logits_shape(args.heads, args.dim, args.q_format, args.k_format, args.weights) &&
+         (args.m + kWgRows - 1) / kWgRows <= 65535 && (args.n + kWgKeys - 1) / kWgKeys <= 0x7fffffff;
+}
+
+bool paged_mqa_logits_uses_wgmma(const PagedMqaLogitsArgs& args) {
+  return wgmma_logits_shape(args.heads, args.dim, args.q_format, args.kv_format, args.weights) &&
+         args.batch <= 65535 && (args.max_model_len + kWgKeys - 1) / kWgKeys <= 0x7fffffff;
+}
+#endif
+
 bool mma_shape(int64_t heads, int64_t dim) {
   return (heads == 16 || heads == 32 || heads == 64) && (dim == 64 || dim == 128);
 }
@@ -507,6 +790,11 @@ bool paged_mqa_logits_uses_mma(const PagedMqaLogitsArgs& args) {
 LaunchStatus launch_fp8_mqa_logits(const MqaLogitsArgs& args, void* stream) {
   if (args.m < 0 || args.n < 0 || args.heads < 1 || args.dim < 1) return LaunchStatus::kInvalidArgument;
   if (args.m == 0 || args.n == 0) return LaunchStatus::kOk;
+#if !defined(__HIPCC__)
+  if (mqa_logits_uses_mma(args) && mqa_logits_uses_wgmma(args)) {
+    return launch_logits_wgmma<MqaWgmmaBlock>(args, args.n, (args.m + kWgRows - 1) / kWgRows, stream);
+  }
+#endif
   if (mqa_logits_uses_mma(args)) return launch_mma<LaunchMqa>(args, args.m, args.n, stream);
   launch_overlapping(mqa_logits_scalar_kernel, dim3(elementwise_blocks(args.m * args.n)), dim3(kElementwiseThreads), 0,
                      static_cast<hipStream_t>(stream), args);
@@ -520,6 +808,11 @@ LaunchStatus launch_fp8_paged_mqa_logits(const PagedMqaLogitsArgs& args, void* s
   }
   const int64_t rows = args.batch * args.next_n;
   if (rows == 0 || args.max_model_len == 0) return LaunchStatus::kOk;
+#if !defined(__HIPCC__)
+  if (paged_mqa_logits_uses_mma(args) && paged_mqa_logits_uses_wgmma(args)) {
+    return launch_logits_wgmma<PagedWgmmaBlock>(args, args.max_model_len, args.batch, stream);
+  }
+#endif
   if (paged_mqa_logits_uses_mma(args)) return launch_mma<LaunchPaged>(args, rows, args.max_model_len, stream);
   launch_overlapping(paged_mqa_logits_scalar_kernel, dim3(elementwise_blocks(rows * args.max_model_len)),
                      dim3(kElementwiseThreads), 0, static_cast<hipStream_t>(stream), args);
