@@ -33,6 +33,9 @@
 
 #include "dsv4/launch.h"
 #include "dsv4/wgmma.h"
+#if !defined(__HIPCC__)
+#include <cudaTypedefs.h>  // CUtensorMap and the encoder's type (the encoder comes through the runtime)
+#endif
 #include "indexer/indexer_launchers.h"
 
 #if DSV4_DEVICE_PASS && defined(__HIP_DEVICE_COMPILE__) && (defined(__gfx942__) || defined(__gfx950__))
@@ -494,22 +497,23 @@ DSV4_DEVICE void wgmma_row_scores(float (&acc0)[32], float (&acc1)[32], uint32_t
   pin_registers(acc1);
 }
 
-// sum_h w[h] ReLU(score) of this lane's key (wgmma_lane_key) from the accumulators; weights: the row's 64
-// fp32 head weights in shared memory.
-DSV4_DEVICE float wgmma_row_logit(const float (&acc0)[32], const float (&acc1)[32], const float* weights, int lane) {
-  // Entry i of a tile: key row lane / 4 + 8 * ((i / 2) % 2), head 8 * (i / 4) + 2 * (lane % 4) + i % 2.
+// Adds w[h] ReLU(score) over this thread's heads of one 64-key tile's accumulator (the m64n64 layout: entry i
+// is key row lane / 4 + 8 * ((i / 2) % 2), head 8 * (i / 4) + 2 * (lane % 4) + i % 2) into the sums of its low
+// and high key; weights: the row's 64 fp32 head weights in shared memory.
+DSV4_DEVICE void add_weighted_relu(const float* acc, const float* weights, int lane, float& low, float& high) {
   const float2* w = reinterpret_cast<const float2*>(weights) + (lane % 4);
-  float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};  // tile 0 low/high key, tile 1 low/high key
 #pragma unroll
   for (int j = 0; j < 8; ++j) {
     const float2 wj = w[4 * j];
-    v[0] += wj.x * fmaxf(acc0[4 * j], 0.0f) + wj.y * fmaxf(acc0[4 * j + 1], 0.0f);
-    v[1] += wj.x * fmaxf(acc0[4 * j + 2], 0.0f) + wj.y * fmaxf(acc0[4 * j + 3], 0.0f);
-    v[2] += wj.x * fmaxf(acc1[4 * j], 0.0f) + wj.y * fmaxf(acc1[4 * j + 1], 0.0f);
-    v[3] += wj.x * fmaxf(acc1[4 * j + 2], 0.0f) + wj.y * fmaxf(acc1[4 * j + 3], 0.0f);
+    low += wj.x * fmaxf(acc[4 * j], 0.0f) + wj.y * fmaxf(acc[4 * j + 1], 0.0f);
+    high += wj.x * fmaxf(acc[4 * j + 2], 0.0f) + wj.y * fmaxf(acc[4 * j + 3], 0.0f);
   }
-  // Quad reduction that leaves lane q with sum v[2 * (q >> 1 & 1) + (q & 1)]: each step keeps half of
-  // the values and adds the partner's copy of them.
+}
+
+// Quad reduction of v = (tile 0 low, tile 0 high, tile 1 low, tile 1 high) that leaves lane q with the sum of
+// v[2 * (q >> 1 & 1) + (q & 1)] over the quad, the logit of its wgmma_lane_key: each step keeps half of the
+// values and adds the partner's copy of them.
+DSV4_DEVICE float quad_logit(const float (&v)[4], int lane) {
   const bool odd = (lane & 1) != 0;
   const float keep0 = odd ? v[1] : v[0], keep1 = odd ? v[3] : v[2];
   const float give0 = odd ? v[0] : v[1], give1 = odd ? v[2] : v[3];
@@ -517,6 +521,40 @@ DSV4_DEVICE float wgmma_row_logit(const float (&acc0)[32], const float (&acc1)[3
   const float u1 = keep1 + lane_xor(give1, 1);
   const bool upper = (lane & 2) != 0;
   return (upper ? u1 : u0) + lane_xor(upper ? u0 : u1, 2);
+}
+
+// sum_h w[h] ReLU(score) of this lane's key (wgmma_lane_key) from wgmma_row_scores' accumulators.
+DSV4_DEVICE float wgmma_row_logit(const float (&acc0)[32], const float (&acc1)[32], const float* weights, int lane) {
+  float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  add_weighted_relu(acc0, weights, lane, v[0], v[1]);
+  add_weighted_relu(acc1, weights, lane, v[2], v[3]);
+  return quad_logit(v, lane);
+}
+
+// Two rows at once: their q are adjacent 64-row tiles at b_tile (one 128-row B operand) and their weights
+// adjacent at weights, so one m64n128k32 chain per 64-key tile scores both (columns 0-63 the first row's
+// heads, 64-127 the second's: accumulator entries 0-31 and 32-63, each in the m64n64 layout).
+DSV4_DEVICE void wgmma_pair_logits(uint32_t a_tile, uint32_t b_tile, const float* weights, int lane,
+                                   float (&logit)[2]) {
+  float v[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
+  float acc[64];
+#pragma unroll
+  for (int tile = 0; tile < 2; ++tile) {
+    pin_registers(acc);
+    asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#pragma unroll
+    for (int s = 0; s < kWgDim / 32; ++s) {
+      wgmma_m64n128k32(acc, swizzled_tile_descriptor(a_tile + tile * 64 * kWgDim + 32 * s),
+                       swizzled_tile_descriptor(b_tile + 32 * s), s > 0 ? 1u : 0u);
+    }
+    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+    asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+    pin_registers(acc);
+    add_weighted_relu(acc, weights, lane, v[0][2 * tile], v[0][2 * tile + 1]);
+    add_weighted_relu(acc + 32, weights + kWgHeads, lane, v[1][2 * tile], v[1][2 * tile + 1]);
+  }
+  logit[0] = quad_logit(v[0], lane);
+  logit[1] = quad_logit(v[1], lane);
 }
 #endif
 
@@ -699,6 +737,241 @@ __global__ void __launch_bounds__(kWgThreads, 2) logits_wgmma_kernel(Args args) 
 #endif
 }
 
+// ---- sm_90a decode: paged_logits_tma_kernel ------------------------------------------------------------
+// The decode op with up to kTmaMaxRows rows per request and a cache block size in {8, ..., 256}: a block
+// keeps one request's rows (q, weights) in shared memory and streams a run of its kWgKeys-key tiles through a
+// kTmaStages-deep ring filled by the tensor memory accelerator: per cache block of a tile one box copy of its
+// keys (a 3-D tensor map over the cache's key bytes, landing in the 128-byte swizzle the wgmma descriptors
+// read) and one bulk copy of its scales, all completing on the stage's mbarrier. Warp 0 reads the block-table
+// entries and issues the copies, so the memory system sees whole tiles in flight; the kernels fed by
+// cp.async reach about a third of the copy bandwidth on the H200 (the load-store path caps the gather there).
+// A missing block is not copied (its keys' logits are -inf; its rows in the stage hold stale bytes whose
+// scores are discarded). Tiles past every row's length are only filled with -inf. grid = (runs of tiles,
+// requests), two blocks per SM.
+constexpr int kTmaStages = 2;
+constexpr int kTmaMaxRows = 2;  // next_n served (DSv4 decode: 1, or 2 with one MTP token)
+constexpr int kTmaMaxBoxes = kWgKeys / 8;  // cache blocks per tile at the smallest block size served
+constexpr uint32_t kTmaQOffset = kTmaStages * kWgKeyBytes;
+constexpr uint32_t kTmaWeightOffset = kTmaQOffset + kTmaMaxRows * kWgQBytes;
+constexpr uint32_t kTmaScaleOffset = kTmaWeightOffset + kTmaMaxRows * kWgWeightBytes;
+constexpr uint32_t kTmaPresentOffset = kTmaScaleOffset + kTmaStages * kWgKeys * 4;
+constexpr uint32_t kTmaBarrierOffset = kTmaPresentOffset + kTmaStages * kTmaMaxBoxes;
+constexpr size_t kTmaSharedBytes = kTmaBarrierOffset + kTmaStages * 8 + 1024;  // + alignment
+
+DSV4_DEVICE bool mbarrier_try_wait(uint32_t barrier, uint32_t parity) {
+  uint32_t done;
+  asm volatile(
+      "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+      : "=r"(done)
+      : "r"(barrier), "r"(parity)
+      : "memory");
+  return done != 0;
+}
+
+__global__ void __launch_bounds__(kWgThreads, 2)
+    paged_logits_tma_kernel(PagedMqaLogitsArgs args, const __grid_constant__ CUtensorMap key_map,
+                            int64_t tiles_per_block) {
+  wait_for_previous_kernel();  // launched to overlap the kernel before it (launch_overlapping)
+#if defined(DSV4_WGMMA)
+  extern __shared__ __align__(1024) uint8_t wg_shared[];
+  const PagedWgmmaBlock block(args);  // its keys, rows and windows (its n0 is not used: tiles run below)
+  const uint32_t shared_raw = static_cast<uint32_t>(__cvta_generic_to_shared(wg_shared));
+  const uint32_t padding = ((shared_raw + 1023u) & ~1023u) - shared_raw;  // tiles on 1024-byte boundaries
+  const uint32_t base = shared_raw + padding;
+  uint8_t* const base_generic = wg_shared + padding;
+  const float* weights_generic = reinterpret_cast<const float*>(base_generic + kTmaWeightOffset);
+  const float* scales_generic = reinterpret_cast<const float*>(base_generic + kTmaScaleOffset);
+  uint8_t* present_generic = base_generic + kTmaPresentOffset;
+  const int tid = static_cast<int>(threadIdx.x);
+  const int lane = tid % 32;
+  const int64_t rows = block.rows;
+  const int64_t key_limit = block.key_limit();
+  const int64_t block_size = args.block_size;
+  const int boxes = static_cast<int>(kWgKeys / block_size);
+  const int64_t tile_count = (key_limit + kWgKeys - 1) / kWgKeys;
+  const int64_t first = static_cast<int64_t>(blockIdx.x) * tiles_per_block;
+  const int64_t last = first + tiles_per_block < tile_count ? first + tiles_per_block : tile_count;
+  int64_t longest = 0;  // the rows' windows are [0, length)
+  for (int64_t t = 0; t < rows; ++t) {
+    int64_t lo, hi;
+    block.window(t, lo, hi);
+    longest = hi > longest ? hi : longest;
+  }
+  const int64_t seen_tiles = (longest + kWgKeys - 1) / kWgKeys;
+  const int64_t visible_end = last < seen_tiles ? last : seen_tiles;  // tiles [first, visible_end) are multiplied
+
+  if (first < visible_end) {
+    if (tid == 0) {
+      for (int s = 0; s < kTmaStages; ++s) {
+        asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(base + kTmaBarrierOffset + s * 8));
+      }
+      asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    const uint32_t copy_offset = wgmma_copy_offset(tid);
+    for (int t = 0; t < rows; ++t) {  // rows <= kTmaMaxRows
+      const uint8_t* q = block.q_row(t);
+#pragma unroll
+      for (int j = 0; j < kWgQBytes / 16 / kWgThreads; ++j) {
+        const int c = tid + j * kWgThreads;
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(base + kTmaQOffset + t * kWgQBytes +
+                                                                         copy_offset + j * kWgThreads * 16),
+                     "l"(q + (c / 8) * kWgDim + (c % 8) * 16));
+      }
+      if (tid < kWgWeightBytes / 16) {
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(base + kTmaWeightOffset +
+                                                                         t * kWgWeightBytes + tid * 16),
+                     "l"(block.weights(t) + tid * 4));
+      }
+    }
+    asm volatile("cp.async.commit_group;\n" ::);
+    asm volatile("cp.async.wait_group 0;\n" ::);
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // cp.async writes -> wgmma reads
+  }
+  __syncthreads();  // q, weights and the barriers ready
+
+  // Warp 0: tile first + i into stage i % kTmaStages (nothing for a tile no row sees). Lane l takes cache block
+  // l of the tile: its table entry, its key box and its scales.
+  const auto issue_tile = [&](int64_t i) {
+    if (first + i >= visible_end) return;
+    const uint32_t stage = static_cast<uint32_t>(i % kTmaStages);
+    const uint32_t barrier = base + kTmaBarrierOffset + stage * 8;
+    const int64_t key0 = (first + i) * kWgKeys + lane * block_size;
+    int64_t cache_block = -1;
+    if (lane < boxes && key0 < key_limit) {
+      const int64_t column = key0 / block_size;
+      cache_block = column < args.table_cols ? block.keys.table[column] : -1;
+      cache_block = cache_block < args.num_blocks ? cache_block : -1;
+    }
+    const bool present = cache_block >= 0;
+    if (lane < boxes) present_generic[stage * kTmaMaxBoxes + lane] = present ? 1 : 0;
+    __syncwarp();  // the flags before lane 0's arrive, which releases them to the waiting threads
+    const uint32_t copies = static_cast<uint32_t>(__popc(__ballot_sync(0xffffffffu, present)));
+    if (lane == 0) {
+      asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(barrier),
+                   "r"(copies * static_cast<uint32_t>(block_size * (kWgDim + 4)))
+                   : "memory");
+    }
+    if (present) {
+      const uint32_t keys_destination = base + stage * kWgKeyBytes + static_cast<uint32_t>(lane * block_size * kWgDim);
+      asm volatile(
+          "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], "
+          "[%5];\n" ::"r"(keys_destination),
+          "l"(reinterpret_cast<uint64_t>(&key_map)), "r"(0), "r"(0), "r"(static_cast<int32_t>(cache_block)),
+          "r"(barrier)
+          : "memory");
+      const uint8_t* scales = args.cache + cache_block * args.block_stride + block_size * kWgDim;
+      asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
+                       base + kTmaScaleOffset + (stage * kWgKeys + static_cast<uint32_t>(lane * block_size)) * 4),
+                   "l"(scales), "r"(static_cast<uint32_t>(block_size * 4)), "r"(barrier)
+                   : "memory");
+    }
+  };
+  if (tid < 32) {
+    for (int i = 0; i < kTmaStages; ++i) issue_tile(i);
+  }
+
+  float acc0[32], acc1[32];
+  for (int64_t i = 0; first + i < last; ++i) {
+    const int64_t n0 = (first + i) * kWgKeys;
+    const int key_offset = wgmma_lane_key(tid);
+    const int64_t my_key = n0 + key_offset;
+    const bool key_inside = my_key < key_limit;
+    if (first + i >= visible_end) {  // no row sees this tile (nor any later one)
+      for (int64_t t = 0; t < rows && block.clean() && key_inside; ++t) block.logits(t)[my_key] = minus_inf();
+      continue;
+    }
+    const uint32_t stage = static_cast<uint32_t>(i % kTmaStages);
+    const uint32_t parity = static_cast<uint32_t>((i / kTmaStages) & 1);
+    while (!mbarrier_try_wait(base + kTmaBarrierOffset + stage * 8, parity)) {
+    }
+    const bool key_present = key_inside && present_generic[stage * kTmaMaxBoxes + key_offset / block_size] != 0;
+    const float key_scale = scales_generic[stage * kWgKeys + key_offset];
+    const uint32_t a_tile = base + stage * kWgKeyBytes + (tid / 128) * 128 * kWgDim;
+    int64_t hi_pair[kTmaMaxRows] = {0, 0};
+#pragma unroll
+    for (int t = 0; t < kTmaMaxRows; ++t) {
+      int64_t lo;
+      if (t < rows) block.window(t, lo, hi_pair[t]);
+    }
+    float pair[2] = {0.0f, 0.0f};
+    const bool both = rows == 2 && hi_pair[0] > n0 && hi_pair[1] > n0;  // one 128-column chain scores both rows
+    if (both) wgmma_pair_logits(a_tile, base + kTmaQOffset, weights_generic, lane, pair);
+#pragma unroll
+    for (int t = 0; t < kTmaMaxRows; ++t) {
+      if (t >= rows) break;
+      const int64_t hi = hi_pair[t];
+      float* out = block.logits(t) + my_key;
+      if (hi <= n0) {  // this row sees none of the tile
+        if (block.clean() && key_inside) *out = minus_inf();
+        continue;
+      }
+      float logit = pair[t];
+      if (!both) {
+        wgmma_row_scores(acc0, acc1, a_tile, base + kTmaQOffset + static_cast<uint32_t>(t) * kWgQBytes);
+        logit = wgmma_row_logit(acc0, acc1, weights_generic + t * kWgHeads, lane);
+      }
+      if (key_inside) {
+        if (my_key < hi) {
+          *out = key_present ? logit * key_scale : minus_inf();
+        } else if (block.clean()) {
+          *out = minus_inf();
+        }
+      }
+    }
+    __syncthreads();  // every warp group done with this stage
+    if (tid < 32) issue_tile(i + kTmaStages);
+  }
+#else
+  (void)args;
+  (void)key_map;
+  (void)tiles_per_block;
+#if DSV4_DEVICE_PASS
+  __builtin_trap();  // no wgmma in this device pass; the launcher picks this kernel only where it runs
+#endif
+#endif
+}
+
+// The 3-D tensor map (128 key bytes, block_size keys, num_blocks blocks) over the cache's key region, boxes of
+// one cache block in the 128-byte swizzle. The encoder is the driver's, reached through the runtime.
+bool encode_paged_key_map(const PagedMqaLogitsArgs& args, CUtensorMap* map) {
+  static const PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
+    void* function = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    const bool ok = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &function, 12000, cudaEnableDefault,
+                                                     &found) == cudaSuccess &&
+                    found == cudaDriverEntryPointSuccess;
+    return ok ? reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(function) : nullptr;
+  }();
+  if (encode == nullptr) return false;
+  const cuuint64_t dims[3] = {static_cast<cuuint64_t>(kWgDim), static_cast<cuuint64_t>(args.block_size),
+                              static_cast<cuuint64_t>(args.num_blocks)};
+  const cuuint64_t strides[2] = {static_cast<cuuint64_t>(kWgDim), static_cast<cuuint64_t>(args.block_stride)};
+  const cuuint32_t box[3] = {static_cast<cuuint32_t>(kWgDim), static_cast<cuuint32_t>(args.block_size), 1};
+  const cuuint32_t element_strides[3] = {1, 1, 1};
+  return encode(map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 3, const_cast<uint8_t*>(args.cache), dims, strides, box,
+                element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+bool paged_logits_tma_shape(const PagedMqaLogitsArgs& args) {
+  const int64_t bs = args.block_size;
+  return args.next_n <= kTmaMaxRows && bs >= 8 && bs <= kWgKeys && kWgKeys % bs == 0 && args.num_blocks >= 1 &&
+         args.num_blocks <= 0x7fffffff && args.block_stride % 16 == 0;
+}
+
+LaunchStatus launch_paged_logits_tma(const PagedMqaLogitsArgs& args, const CUtensorMap& key_map, void* stream) {
+  if (!allow_dynamic_shared_memory<paged_logits_tma_kernel>(kTmaSharedBytes)) return LaunchStatus::kLaunchFailed;
+  // Two blocks per SM in one wave where the requests allow: each request's tiles split into 2 * SMs / batch runs.
+  const int64_t tiles = (args.max_model_len + kWgKeys - 1) / kWgKeys;
+  int64_t runs = 2 * device_multiprocessors() / args.batch;
+  runs = runs < 1 ? 1 : (runs > tiles ? tiles : runs);
+  const int64_t per_block = (tiles + runs - 1) / runs;
+  const dim3 grid(static_cast<unsigned>((tiles + per_block - 1) / per_block), static_cast<unsigned>(args.batch));
+  launch_overlapping(paged_logits_tma_kernel, grid, dim3(kWgThreads), kTmaSharedBytes,
+                     static_cast<hipStream_t>(stream), args, key_map, per_block);
+  return last_launch_status();
+}
+
 template <class Block, class Args>
 LaunchStatus launch_logits_wgmma(const Args& args, int64_t keys, int64_t row_blocks, void* stream) {
   if (!allow_dynamic_shared_memory<logits_wgmma_kernel<Block, Args>>(kWgSharedBytes)) {
@@ -810,6 +1083,10 @@ LaunchStatus launch_fp8_paged_mqa_logits(const PagedMqaLogitsArgs& args, void* s
   if (rows == 0 || args.max_model_len == 0) return LaunchStatus::kOk;
 #if !defined(__HIPCC__)
   if (paged_mqa_logits_uses_mma(args) && paged_mqa_logits_uses_wgmma(args)) {
+    CUtensorMap key_map;
+    if (paged_logits_tma_shape(args) && encode_paged_key_map(args, &key_map)) {
+      return launch_paged_logits_tma(args, key_map, stream);
+    }
     return launch_logits_wgmma<PagedWgmmaBlock>(args, args.max_model_len, args.batch, stream);
   }
 #endif
