@@ -452,7 +452,8 @@ __global__ void __launch_bounds__(kElementwiseThreads) paged_mqa_logits_scalar_k
 // For heads 64 and dim 128 with OCP q and k (the encoding NVIDIA writers store; FNUZ operands keep the
 // kernels above, which rewrite their codes), in both ops: a block of two warp groups owns kWgKeys
 // consecutive keys, held in shared memory for the block's life, and a run of query rows (prefill: kWgRows
-// rows; decode: the next_n rows of one request, whose keys come through its block-table row). Each warp
+// rows; decode, where paged_logits_tma_kernel below does not serve the call: the next_n rows of one
+// request, whose keys come through its block-table row). Each warp
 // group multiplies its two 64-key tiles (M = keys, K = dim) by a row's q (N = heads), D[key, head] =
 // k . q_h, so the heads lie along the accumulator's columns: a thread holds 16 heads of each of its 4 keys,
 // applies ReLU and the weights, and the 4 lanes of a quad finish the sums (3 shuffles, after which each

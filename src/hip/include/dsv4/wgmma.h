@@ -3,8 +3,8 @@
 // 200 TFLOP/s at best on the H200). Device helpers exist in sm_90a device passes only (DSV4_WGMMA); the host
 // helper says whether the current device runs them.
 //
-// Numerics: the unit adds each k32 step's products in fixed point aligned to the largest of them, keeping
-// about 14 bits, before adding into the fp32 accumulator; callers state where that is acceptable.
+// Numerics: the unit sums each k32 step's products and the running sum in fixed point aligned to the
+// largest of them, keeping about 13-14 bits (not fp32); callers state where that is acceptable.
 #pragma once
 
 #include "dsv4/platform.h"
