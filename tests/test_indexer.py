@@ -523,6 +523,23 @@ def test_gpu_paged_logits_match_cpu_and_reference(next_n, block_size, q_dtype, k
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("next_n", [1, 2])
+@pytest.mark.parametrize("block_size", [8, 16, 128, 256])
+def test_gpu_paged_logits_tma_block_sizes(next_n, block_size):
+    """The sm_90a TMA decode kernel (64 heads x 128 dims, OCP, next_n <= 2) takes one tensor-map box per cache
+    block of a 256-key tile, so block sizes 8 to 256 change its copies: each against the reference (32 and 64
+    run in the test above)."""
+    heads, dim, max_len = 64, 128, 640
+    q, cache, weights, lens, table = paged_inputs(6, next_n, heads, dim, block_size, torch.float8_e4m3fn,
+                                                  torch.float8_e4m3fn, seed=170 + next_n + block_size)
+    args = (q, cache, weights, lens, table)
+    got = torch.ops.dsv4.fp8_paged_mqa_logits(*(t.cuda() for t in args), max_len, True, 0).cpu()
+    want = reference.fp8_paged_mqa_logits(*args, max_len, True, torch.float8_e4m3fn)
+    bound = paged_tensor_core_bound("cuda", q, cache, weights, lens, table, max_len, block_size, torch.float8_e4m3fn)
+    assert_logits_match(got, want, bound=bound)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("next_n", [1, 2])
 def test_gpu_paged_logits_long_contexts(next_n):
     """Long ragged contexts (40 requests of up to 4000 entries, up to 16 key tiles of the tensor-core kernel
     each), an empty request and one whose length passes max_model_len."""

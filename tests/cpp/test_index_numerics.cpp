@@ -1,6 +1,6 @@
-// Index arithmetic shared by the cache kernels (dsv4/platform.h, dsv4/ds_mla.h): the 32-bit fast path of
-// divide_index agrees with 64-bit division on both sides of its boundary, and record addresses follow
-// the block-split fp8_ds_mla layout.
+// Index and bit arithmetic shared by the kernels (dsv4/platform.h, dsv4/ds_mla.h): the 32-bit fast path of
+// divide_index agrees with 64-bit division on both sides of its boundary, record addresses follow the
+// block-split fp8_ds_mla layout, and zero_byte_flags marks exactly the zero bytes of a word.
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -46,6 +46,28 @@ TEST(RecordAddress, BlockSplitLayout) {
   const int64_t huge_slot = (int64_t{1} << 33) + 5;  // past the 32-bit path
   const dsv4::ds_mla::RecordAddress far = dsv4::ds_mla::record_address(huge_slot, 64, stride);
   EXPECT_EQ(far.data, (huge_slot / 64) * stride + 5 * 576);
+}
+
+// zero_byte_flags: every byte value at every position of a 32- and a 64-bit word, beside bytes that would
+// carry into it (0x00, 0x80, 0xFF) if the test leaked across bytes.
+TEST(ZeroByteFlags, EveryByteAtEveryPosition) {
+  for (uint32_t filler : {0x01u, 0x80u, 0xFFu, 0x7Fu}) {
+    for (uint32_t value = 0; value < 256; ++value) {
+      for (int position = 0; position < 8; ++position) {
+        uint64_t word = 0;
+        for (int i = 0; i < 8; ++i) word |= static_cast<uint64_t>(i == position ? value : filler) << (8 * i);
+        uint64_t want = 0;
+        for (int i = 0; i < 8; ++i) {
+          if (((word >> (8 * i)) & 0xFF) == 0) want |= uint64_t{0x80} << (8 * i);
+        }
+        EXPECT_EQ(dsv4::zero_byte_flags(word), want) << std::hex << word;
+        if (position < 4) {
+          const auto narrow = static_cast<uint32_t>(word);
+          EXPECT_EQ(dsv4::zero_byte_flags(narrow), static_cast<uint32_t>(want)) << std::hex << narrow;
+        }
+      }
+    }
+  }
 }
 
 }  // namespace

@@ -57,12 +57,6 @@ DSV4_DEVICE int64_t clamp64(int64_t v, int64_t lo, int64_t hi) { return v < lo ?
 
 DSV4_DEVICE float minus_inf() { return -__builtin_huge_valf(); }
 
-// 0x80 in each byte of t that is zero, 0x00 in the others (exact: no carries between bytes).
-DSV4_DEVICE uint64_t zero_byte_flags(uint64_t t) {
-  constexpr uint64_t kLow7 = 0x7f7f7f7f7f7f7f7full;
-  return ~(((t & kLow7) + kLow7) | t | kLow7);
-}
-
 // Eight FP8 codes of an operand in `fnuz` (else OCP) encoding, as the matrix unit reads them (file comment).
 DSV4_DEVICE uint64_t to_native(uint64_t x, bool fnuz) {
   constexpr uint64_t kSign = 0x8080808080808080ull;

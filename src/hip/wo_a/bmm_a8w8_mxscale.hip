@@ -133,10 +133,7 @@ DSV4_DEVICE float pow2i(int e) {
 //     +-448 (0x7E, 0xFE) and a fix word the remaining +-32 (0x60, 0xE0), zero elsewhere; a warp whose
 //     fragments hold any such byte adds the fix products (rare: the step costs one extra MMA or three).
 // Byte masks of a 32-bit word: 0x80 in each byte that is 0x80 / whose magnitude bits are all ones.
-DSV4_DEVICE uint32_t bytes_equal_0x80(uint32_t w) {
-  const uint32_t z = w ^ 0x80808080u;  // zero bytes where w's byte is 0x80
-  return ~(((z & 0x7F7F7F7Fu) + 0x7F7F7F7Fu) | z) & 0x80808080u;
-}
+DSV4_DEVICE uint32_t bytes_equal_0x80(uint32_t w) { return zero_byte_flags(w ^ 0x80808080u); }
 DSV4_DEVICE uint32_t bytes_magnitude_0x7f(uint32_t w) { return ((w & 0x7F7F7F7Fu) + 0x01010101u) & 0x80808080u; }
 // (mask >> 7) * byte: byte in each marked byte of the word (no carries: one bit per byte).
 DSV4_DEVICE uint32_t spread(uint32_t mask, uint32_t byte) { return (mask >> 7) * byte; }

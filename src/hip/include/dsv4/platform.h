@@ -62,6 +62,14 @@ enum class LaunchStatus : int {
   kLaunchFailed = 2,     // the runtime refused the launch
 };
 
+// Bit 7 of each byte of `word` set where that byte is zero, every other bit clear: a byte-parallel test on
+// packed FP8 codes (no carry crosses a byte). Word: an unsigned integer type.
+template <typename Word>
+DSV4_HD constexpr Word zero_byte_flags(Word word) {
+  constexpr Word kLow7 = static_cast<Word>(static_cast<Word>(~Word{0}) / 0xFF * 0x7F);
+  return static_cast<Word>(~(((word & kLow7) + kLow7) | word | kLow7));
+}
+
 // a / b and a % b for a >= 0 and b > 0, in 32-bit arithmetic when both fit: a 64-bit division costs a
 // GPU several times more instructions, enough to bound the cache kernels.
 struct IndexSplit {
