@@ -38,21 +38,42 @@ inline int device_multiprocessors() {
   return count > 0 ? count : 128;
 }
 
+// The current device's index, or -1 where the runtime cannot say.
+inline int current_device() {
+  int device = 0;
+#if defined(__HIPCC__)
+  return hipGetDevice(&device) == hipSuccess ? device : -1;
+#else
+  return cudaGetDevice(&device) == cudaSuccess ? device : -1;
+#endif
+}
+
+// Answers kept per device: a yes/no property of the current device that does not change while the process
+// runs, asked once per device (of the first 64; others ask every time) and per `Site`, a distinct type for each
+// property. ask(device) returns kYes, kNo, or kUnknown when it cannot tell (asked again next time). False
+// where there is no current device. (Two threads asking at once both ask and store the same answer.)
+enum class DeviceAnswer : int { kUnknown = 0, kYes = 1, kNo = 2 };
+template <typename Site, typename Ask>
+bool remembered_for_device(Ask ask) {
+  constexpr int kMaxDevices = 64;
+  static DeviceAnswer known[kMaxDevices] = {};
+  const int device = current_device();
+  if (device < 0) return false;
+  if (device >= kMaxDevices) return ask(device) == DeviceAnswer::kYes;
+  if (known[device] == DeviceAnswer::kUnknown) known[device] = ask(device);
+  return known[device] == DeviceAnswer::kYes;
+}
+
 // Whether the current device's FP8 matrix units read e4m3 as FNUZ (gfx942) rather than OCP (gfx950,
-// NVIDIA). Host side, queried once per device: one ROCm binary can hold code for both AMD chips.
+// NVIDIA). Host side: one ROCm binary can hold code for both AMD chips.
 inline bool device_matrix_units_read_fnuz() {
 #if defined(__HIPCC__)
-  constexpr int kMaxDevices = 64;
-  static int known[kMaxDevices] = {};  // 0 unknown, 1 FNUZ, 2 OCP
-  int device = 0;
-  if (hipGetDevice(&device) != hipSuccess) return false;
-  const bool cached = device >= 0 && device < kMaxDevices;
-  if (cached && known[device] != 0) return known[device] == 1;
-  hipDeviceProp_t properties;
-  if (hipGetDeviceProperties(&properties, device) != hipSuccess) return false;
-  const bool fnuz = std::strncmp(properties.gcnArchName, "gfx942", 6) == 0;
-  if (cached) known[device] = fnuz ? 1 : 2;
-  return fnuz;
+  struct Site {};
+  return remembered_for_device<Site>([](int device) {
+    hipDeviceProp_t properties;
+    if (hipGetDeviceProperties(&properties, device) != hipSuccess) return DeviceAnswer::kUnknown;
+    return std::strncmp(properties.gcnArchName, "gfx942", 6) == 0 ? DeviceAnswer::kYes : DeviceAnswer::kNo;
+  });
 #else
   return false;
 #endif
@@ -83,23 +104,20 @@ int64_t one_wave_blocks(int threads) {
 
 #if !defined(__HIPCC__)
 // Lets kKernel launch with `bytes` (fixed per kernel instance) of dynamic shared memory: above 48 KB NVIDIA
-// needs an opt-in, made once per instance and device (repeating it from two threads at once is harmless).
-// False when the runtime refuses; its error is cleared so that the next launch's check does not report it.
+// needs an opt-in, made once per instance and device. False when the runtime refuses (asked again next
+// time); its error is cleared so that the next launch's check does not report it.
+template <auto kKernel>
+struct SharedMemoryOptIn {};
 template <auto kKernel>
 bool allow_dynamic_shared_memory(size_t bytes) {
-  constexpr int kMaxDevices = 64;
-  static bool opted_in[kMaxDevices] = {};
-  int device = 0;
-  if (cudaGetDevice(&device) != cudaSuccess) return false;
-  const bool cached = device >= 0 && device < kMaxDevices;
-  if (cached && opted_in[device]) return true;
-  if (cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)) !=
-      cudaSuccess) {
+  return remembered_for_device<SharedMemoryOptIn<kKernel>>([bytes](int) {
+    if (cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)) ==
+        cudaSuccess) {
+      return DeviceAnswer::kYes;
+    }
     (void)cudaGetLastError();
-    return false;
-  }
-  if (cached) opted_in[device] = true;
-  return true;
+    return DeviceAnswer::kUnknown;
+  });
 }
 #endif
 

@@ -7,6 +7,7 @@
 // largest of them, keeping about 13-14 bits (not fp32); callers state where that is acceptable.
 #pragma once
 
+#include "dsv4/launch.h"
 #include "dsv4/platform.h"
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -66,21 +67,17 @@ DSV4_DEVICE void pin_registers(float (&d)[kCount]) {
 
 // Whether the current device runs the wgmma kernels: a build whose NVIDIA code is sm_90a only (with plain
 // sm_90 code beside it the runtime might load that, where the kernel traps) on a compute capability 9.0
-// device. Cached per device.
+// device. Asked once per device.
 inline bool device_runs_wgmma() {
 #if defined(DSV4_CUDA_SM90A_ONLY_BUILD)
-  constexpr int kMaxDevices = 64;
-  static int known[kMaxDevices] = {};  // 0 unknown, 1 yes, 2 no
-  int device = 0;
-  if (cudaGetDevice(&device) != cudaSuccess || device < 0 || device >= kMaxDevices) return false;
-  if (known[device] == 0) {
+  struct Site {};
+  return remembered_for_device<Site>([](int device) {
     int major = 0;
     int minor = 0;
     const bool ok = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) == cudaSuccess &&
                     cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) == cudaSuccess;
-    known[device] = ok && major == 9 && minor == 0 ? 1 : 2;
-  }
-  return known[device] == 1;
+    return ok && major == 9 && minor == 0 ? DeviceAnswer::kYes : DeviceAnswer::kNo;
+  });
 #else
   return false;
 #endif
