@@ -31,6 +31,7 @@
 // the CPU path's exact decode and summation order.
 #include <cmath>
 
+#include "dsv4/async_copy.h"
 #include "dsv4/launch.h"
 #include "dsv4/wgmma.h"
 #if !defined(__HIPCC__)
@@ -669,8 +670,7 @@ __global__ void __launch_bounds__(kWgThreads, 2) logits_wgmma_kernel(Args args) 
     const int c = tid + j * kWgThreads;
     const uint8_t* row_bytes = block.key_bytes(n0 + c / 8);
     const uint8_t* src = row_bytes != nullptr ? row_bytes + (c % 8) * 16 : block.q_row(0);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(keys_tile + copy_offset + j * kWgThreads * 16),
-                 "l"(src), "r"(row_bytes != nullptr ? 16 : 0));
+    copy_async_16_or_zeros(keys_tile + copy_offset + j * kWgThreads * 16, src, row_bytes != nullptr);
   }
   const auto issue_row = [&](int64_t t) {  // row t into stage t % kWgStages; an empty group past the rows
     if (t < rows) {
@@ -681,16 +681,13 @@ __global__ void __launch_bounds__(kWgThreads, 2) logits_wgmma_kernel(Args args) 
       for (int j = 0; j < kWgQBytes / 16 / kWgThreads; ++j) {
         const int c = tid + j * kWgThreads;
         const uint8_t* src = q + (c / 8) * head_stride + (c % 8) * 16;
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(q_tiles + stage * kWgQBytes + copy_offset +
-                                                                         j * kWgThreads * 16),
-                     "l"(src));
+        copy_async_16(q_tiles + stage * kWgQBytes + copy_offset + j * kWgThreads * 16, src);
       }
       if (tid < kWgWeightBytes / 16) {
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(weight_tiles + stage * kWgWeightBytes + tid * 16),
-                     "l"(block.weights(t) + tid * 4));
+        copy_async_16(weight_tiles + stage * kWgWeightBytes + tid * 16, block.weights(t) + tid * 4);
       }
     }
-    asm volatile("cp.async.commit_group;\n" ::);
+    copy_async_commit();
   };
 #pragma unroll
   for (int t = 0; t < kWgStages - 1; ++t) issue_row(t);  // the keys travel in the first group
@@ -701,8 +698,8 @@ __global__ void __launch_bounds__(kWgThreads, 2) logits_wgmma_kernel(Args args) 
   float acc0[32], acc1[32];
   for (int64_t t = 0; t < rows; ++t) {
     // Groups committed: t + kWgStages - 1; with at most kWgStages - 2 pending, row t (and the keys) landed.
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(kWgStages - 2));
-    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // cp.async writes -> wgmma reads
+    copy_async_wait<kWgStages - 2>();
+    fence_shared_writes_for_wgmma();
     __syncthreads();  // every thread's copies visible; every warp group done with row t - 1's stage
     issue_row(t + kWgStages - 1);
     int64_t lo, hi;
@@ -723,7 +720,7 @@ __global__ void __launch_bounds__(kWgThreads, 2) logits_wgmma_kernel(Args args) 
       }
     }
   }
-  asm volatile("cp.async.wait_group 0;\n" ::);
+  copy_async_wait<0>();
 #else
   (void)args;
 #if DSV4_DEVICE_PASS
@@ -808,19 +805,16 @@ __global__ void __launch_bounds__(kWgThreads, 2)
 #pragma unroll
       for (int j = 0; j < kWgQBytes / 16 / kWgThreads; ++j) {
         const int c = tid + j * kWgThreads;
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(base + kTmaQOffset + t * kWgQBytes +
-                                                                         copy_offset + j * kWgThreads * 16),
-                     "l"(q + (c / 8) * kWgDim + (c % 8) * 16));
+        copy_async_16(base + kTmaQOffset + t * kWgQBytes + copy_offset + j * kWgThreads * 16,
+                      q + (c / 8) * kWgDim + (c % 8) * 16);
       }
       if (tid < kWgWeightBytes / 16) {
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(base + kTmaWeightOffset +
-                                                                         t * kWgWeightBytes + tid * 16),
-                     "l"(block.weights(t) + tid * 4));
+        copy_async_16(base + kTmaWeightOffset + t * kWgWeightBytes + tid * 16, block.weights(t) + tid * 4);
       }
     }
-    asm volatile("cp.async.commit_group;\n" ::);
-    asm volatile("cp.async.wait_group 0;\n" ::);
-    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // cp.async writes -> wgmma reads
+    copy_async_commit();
+    copy_async_wait<0>();
+    fence_shared_writes_for_wgmma();
   }
   __syncthreads();  // q, weights and the barriers ready
 

@@ -27,6 +27,7 @@
 // __builtin_amdgcn_mfma_f32_16x16x16bf16_1k (v_mfma_f32_16x16x16_bf16).
 #include <cfloat>
 
+#include "dsv4/async_copy.h"
 #include "dsv4/bf16.h"
 #include "dsv4/ds_mla.h"
 #include "dsv4/launch.h"
@@ -467,34 +468,6 @@ DSV4_DEVICE void store_key(const KeyLoad& load, uint16_t* row, int lane, const f
 }
 
 #if DSV4_SPARSE_MLA_ASYNC_STAGE
-// Asynchronous global -> shared copies (sm_80+; a plain copy elsewhere, never used there: no mma.sync).
-DSV4_DEVICE void copy_async_16(uint8_t* shared_dst, const uint8_t* global_src) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  const uint32_t dst = static_cast<uint32_t>(__cvta_generic_to_shared(shared_dst));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(global_src) : "memory");
-#else
-  *reinterpret_cast<uint4*>(shared_dst) = *reinterpret_cast<const uint4*>(global_src);
-#endif
-}
-DSV4_DEVICE void copy_async_8(uint8_t* shared_dst, const uint8_t* global_src) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  const uint32_t dst = static_cast<uint32_t>(__cvta_generic_to_shared(shared_dst));
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 8;\n" ::"r"(dst), "l"(global_src) : "memory");
-#else
-  *reinterpret_cast<uint2*>(shared_dst) = *reinterpret_cast<const uint2*>(global_src);
-#endif
-}
-DSV4_DEVICE void copy_async_commit() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("cp.async.commit_group;\n" ::: "memory");
-#endif
-}
-DSV4_DEVICE void copy_async_wait_all() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("cp.async.wait_group 0;\n" ::: "memory");
-#endif
-}
-
 // The slot at position p of the row's key list (its main indices, then its extra ones); -1 past `last`
 // (then never used). Loaded a tile ahead of its copies, so that the index load's latency is hidden.
 DSV4_DEVICE int64_t fetch_slot(const SparseMlaDecodeArgs& args, int64_t main_begin, int64_t main_count,
@@ -528,8 +501,15 @@ DSV4_DEVICE void stage_tile(const SparseMlaDecodeArgs& args, int64_t main_count,
   if (sub == 0) sh.stage_table[key] = table;
   if (table < 0) return;
   uint8_t* dst = sh.stage + key * kStageStride;
-  for (int c = sub; c < kStageChunks; c += kStageThreadsPerKey) copy_async_16(dst + 16 * c, data + 16 * c);
-  if (sub == kStageThreadsPerKey - 1) copy_async_8(dst + ds_mla::kDataBytes, scales);
+  // The stage is addressed by generic pointers; each copy converts its own (the address arithmetic of every
+  // copy then stays independent).
+  const auto copy16 = [](uint8_t* shared_dst, const uint8_t* global_src) {
+    copy_async_16(static_cast<uint32_t>(__cvta_generic_to_shared(shared_dst)), global_src);
+  };
+  for (int c = sub; c < kStageChunks; c += kStageThreadsPerKey) copy16(dst + 16 * c, data + 16 * c);
+  if (sub == kStageThreadsPerKey - 1) {
+    copy_async_8(static_cast<uint32_t>(__cvta_generic_to_shared(dst + ds_mla::kDataBytes)), scales);
+  }
 }
 #endif
 
@@ -636,7 +616,7 @@ __global__ void DSV4_SPARSE_MLA_BOUNDS sparse_mla_partial_kernel(SparseMlaDecode
 #if DSV4_SPARSE_MLA_ASYNC_STAGE
     // This tile's records are in the stage (and the previous tile's compute is done): decode them into
     // the key tile, then start copying the next tile's records.
-    copy_async_wait_all();
+    copy_async_wait<0>();
     __syncthreads();
     if (tid < kTileKeys) sh.key_table[tid] = sh.stage_table[tid];
 #pragma unroll

@@ -34,6 +34,7 @@
 //     by ~2^-13 of its largest product); every block is still folded into an fp32 sum with its scales.
 //     The other kernels accumulate in fp32 throughout (mma.sync.e4m3 runs as f16 MMAs on sm_90).
 // Rows past M load zeros and are not stored. 64-bit offsets throughout.
+#include "dsv4/async_copy.h"
 #include "dsv4/bf16.h"
 #include "dsv4/launch.h"
 #include "dsv4/ue8m0.h"
@@ -503,16 +504,15 @@ __global__ void __launch_bounds__(kThreads) bmm_tiled_kernel(BmmA8W8MxScaleArgs 
     for (int j = 0; j < kAChunks; ++j) {
       const int c = static_cast<int>(threadIdx.x) + j * kThreads;
       const uint32_t a_dst = static_cast<uint32_t>(__cvta_generic_to_shared(&a_stage[buffer][c * 16]));
-      asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(a_dst), "l"(a_src[j] + k),
-                   "r"(a_ok[j] ? 16 : 0));
+      copy_async_16_or_zeros(a_dst, a_src[j] + k, a_ok[j]);
     }
 #pragma unroll
     for (int j = 0; j < kBChunks; ++j) {
       const int c = static_cast<int>(threadIdx.x) + j * kThreads;
       const uint32_t b_dst = static_cast<uint32_t>(__cvta_generic_to_shared(&b_stage[buffer][c * 16]));
-      asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(b_dst), "l"(b_src[j] + k));
+      copy_async_16(b_dst, b_src[j] + k);
     }
-    asm volatile("cp.async.commit_group;\n" ::);
+    copy_async_commit();
   };
 #else
   uint4 a_regs[kAChunks];
@@ -564,7 +564,7 @@ __global__ void __launch_bounds__(kThreads) bmm_tiled_kernel(BmmA8W8MxScaleArgs 
     if (s < stages) {
       issue_stage(s, s);
     } else {
-      asm volatile("cp.async.commit_group;\n" ::);  // an empty group keeps the count uniform
+      copy_async_commit();  // an empty group keeps the count uniform
     }
   }
 #else
@@ -583,12 +583,12 @@ __global__ void __launch_bounds__(kThreads) bmm_tiled_kernel(BmmA8W8MxScaleArgs 
       const int buffer = static_cast<int>(stage % kStages);
 #if defined(__CUDA_ARCH__)
       // Groups committed so far: stage + kStages - 1; with at most kStages - 2 pending, this stage's landed.
-      asm volatile("cp.async.wait_group %0;\n" ::"n"(kStages - 2));
+      copy_async_wait<kStages - 2>();
       __syncthreads();  // every thread's copies visible, and every warp done with the buffer refilled next
       if (stage + kStages - 1 < stages) {
         issue_stage(stage + kStages - 1, static_cast<int>((stage + kStages - 1) % kStages));
       } else {
-        asm volatile("cp.async.commit_group;\n" ::);
+        copy_async_commit();
       }
 #else
       const bool more = stage + 1 < stages;
@@ -745,10 +745,9 @@ __global__ void __launch_bounds__(128 * kWarpGroups) bmm_wgmma_kernel(BmmA8W8MxS
     const uint32_t stage = shared_base + static_cast<uint32_t>(kb % kStages) * Shape::kStageBytes + copy_offset;
 #pragma unroll
     for (int j = 0; j < Shape::kChunks; ++j) {
-      asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(stage + j * Shape::kThreads * 16),
-                   "l"(copy_src[j] + kb * kBlockK), "r"((copy_bytes >> j) & 1u ? 16 : 0));
+      copy_async_16_or_zeros(stage + j * Shape::kThreads * 16, copy_src[j] + kb * kBlockK, (copy_bytes >> j) & 1u);
     }
-    asm volatile("cp.async.commit_group;\n" ::);
+    copy_async_commit();
   };
 
   // This thread's accumulator rows: row_lo (fragment entries i % 4 < 2) and row_lo + 8.
@@ -779,19 +778,18 @@ __global__ void __launch_bounds__(128 * kWarpGroups) bmm_wgmma_kernel(BmmA8W8MxS
     if (s < k_blocks) {
       issue_stage(s);
     } else {
-      asm volatile("cp.async.commit_group;\n" ::);  // an empty group keeps the count uniform
+      copy_async_commit();  // an empty group keeps the count uniform
     }
   }
   for (int64_t kb = 0; kb < k_blocks; ++kb) {
     // Groups committed so far: kb + kStages - 1; with at most kStages - 2 pending, block kb has landed.
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(kStages - 2));
-    // The copies are generic-proxy writes and wgmma reads through the async proxy.
-    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+    copy_async_wait<kStages - 2>();
+    fence_shared_writes_for_wgmma();
     __syncthreads();  // every thread's copies visible; every warp group done with block kb - 1's buffer
     if (kb + kStages - 1 < k_blocks) {
       issue_stage(kb + kStages - 1);
     } else {
-      asm volatile("cp.async.commit_group;\n" ::);
+      copy_async_commit();
     }
     const uint32_t xs_lo = next_xs_lo;
     const uint32_t xs_hi = next_xs_hi;
@@ -825,7 +823,7 @@ __global__ void __launch_bounds__(128 * kWarpGroups) bmm_wgmma_kernel(BmmA8W8MxS
       acc[i] += (part[i] * f.f1) * f.f2;
     }
   }
-  asm volatile("cp.async.wait_group 0;\n" ::);
+  copy_async_wait<0>();
 
   // Fragment entry i: row row_lo + 8 * ((i / 2) % 2), column 8 * (i / 4) + 2 * (lane % 4) + i % 2.
 #pragma unroll

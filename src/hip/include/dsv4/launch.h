@@ -19,25 +19,6 @@ inline unsigned elementwise_blocks(int64_t work_items) {
   return static_cast<unsigned>(blocks < 1 ? 1 : blocks);
 }
 
-// The current device's multiprocessor (CU) count, for grids sized to one wave of resident blocks; 128
-// if the runtime cannot say.
-inline int device_multiprocessors() {
-  int device = 0;
-  int count = 0;
-#if defined(__HIPCC__)
-  if (hipGetDevice(&device) != hipSuccess ||
-      hipDeviceGetAttribute(&count, hipDeviceAttributeMultiprocessorCount, device) != hipSuccess) {
-    count = 0;
-  }
-#else
-  if (cudaGetDevice(&device) != cudaSuccess ||
-      cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
-    count = 0;
-  }
-#endif
-  return count > 0 ? count : 128;
-}
-
 // The current device's index, or -1 where the runtime cannot say.
 inline int current_device() {
   int device = 0;
@@ -46,6 +27,23 @@ inline int current_device() {
 #else
   return cudaGetDevice(&device) == cudaSuccess ? device : -1;
 #endif
+}
+
+// The current device's multiprocessor (CU) count, for grids sized to one wave of resident blocks; 128
+// if the runtime cannot say.
+inline int device_multiprocessors() {
+  const int device = current_device();
+  int count = 0;
+#if defined(__HIPCC__)
+  if (device < 0 || hipDeviceGetAttribute(&count, hipDeviceAttributeMultiprocessorCount, device) != hipSuccess) {
+    count = 0;
+  }
+#else
+  if (device < 0 || cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
+    count = 0;
+  }
+#endif
+  return count > 0 ? count : 128;
 }
 
 // Answers kept per device: a yes/no property of the current device that does not change while the process

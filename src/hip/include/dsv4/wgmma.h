@@ -56,6 +56,10 @@ DSV4_DEVICE uint64_t swizzled_tile_descriptor(uint32_t shared_address) {
   return static_cast<uint64_t>((shared_address & 0x3ffffu) >> 4) | (1ull << 16) | (64ull << 32) | (1ull << 62);
 }
 
+// Orders this thread's generic-proxy writes to shared memory (stores, completed cp.async copies) before later
+// wgmma reads of it, which go through the async proxy; a barrier then extends that to the block.
+DSV4_DEVICE void fence_shared_writes_for_wgmma() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+
 // Keeps the compiler from moving reads or writes of an accumulator across the wgmma fence and wait
 // instructions (the asm statements that multiply into it do not say when the unit writes it).
 template <int kCount>

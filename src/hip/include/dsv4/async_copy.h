@@ -1,0 +1,45 @@
+// Asynchronous global -> shared copies on NVIDIA (cp.async, sm_80 and later), for the kernels that stage tiles
+// through shared memory while earlier tiles are multiplied. Shared addresses are in the shared window
+// (__cvta_generic_to_shared). After copy_async_wait, a thread's completed copies are visible to itself; other
+// threads read them after a barrier, and wgmma (the async proxy) after fence_shared_writes_for_wgmma
+// (dsv4/wgmma.h) as well.
+#pragma once
+
+#include "dsv4/platform.h"
+
+#if DSV4_GPU_COMPILER && !defined(__HIPCC__)
+namespace dsv4 {
+
+#if defined(__CUDA_ARCH__)
+DSV4_DEVICE void copy_async_16(uint32_t shared_address, const void* global_address) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(shared_address), "l"(global_address) : "memory");
+}
+// 16 bytes where `present`, else 16 zero bytes (nothing is read).
+DSV4_DEVICE void copy_async_16_or_zeros(uint32_t shared_address, const void* global_address, bool present) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(shared_address), "l"(global_address),
+               "r"(present ? 16 : 0)
+               : "memory");
+}
+// 8 bytes (copies under 16 bytes go through L1: .ca).
+DSV4_DEVICE void copy_async_8(uint32_t shared_address, const void* global_address) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 8;\n" ::"r"(shared_address), "l"(global_address) : "memory");
+}
+// Closes the thread's group of the copies issued since its last commit (an empty group where there were none).
+DSV4_DEVICE void copy_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+// Waits until at most kPending of the thread's committed groups are still in flight.
+template <int kPending>
+DSV4_DEVICE void copy_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
+}
+#else
+// The host pass parses the kernels that call these; it never runs them.
+DSV4_DEVICE void copy_async_16(uint32_t, const void*) {}
+DSV4_DEVICE void copy_async_16_or_zeros(uint32_t, const void*, bool) {}
+DSV4_DEVICE void copy_async_8(uint32_t, const void*) {}
+DSV4_DEVICE void copy_async_commit() {}
+template <int kPending>
+DSV4_DEVICE void copy_async_wait() {}
+#endif
+
+}  // namespace dsv4
+#endif
