@@ -8,11 +8,13 @@ header says so and the peers are still timed) with fp32 block sums (the op's def
 reduced-precision block sums (reduced_precision_block_sums=True, what the wo_a forward uses; on sm_90 the
 FP8 wgmma kernel, on devices without such a mode the same kernel as the default), cuBLAS block-scaled FP8
 (torch._scaled_mm with 1x128 / 128x128 scales, one call per group; CUDA only, and cuBLAS refuses M = 1),
-cuBLAS BF16 bmm on the dequantized weight, and the PyTorch reference (small M only: it dequantizes in
-fp64). Bytes counted: the FP8 activation and weight with their scales read once, the bf16 output written
+cuBLAS BF16 bmm on the dequantized weight, and at small M (<= 64) a device copy of the same bytes (the
+ceiling at that size) and the PyTorch reference (it dequantizes in fp64). Each input set has its own weight,
+so that no weight stays in the L2 between calls, as in a model. Bytes counted: the FP8 activation and weight with their scales read once, the bf16 output written
 once; FLOPs 2*M*G*N*K (the case label gives each implementation's TFLOP/s).
 Forward rows: dsv4ops.wo_a_forward on an FP8 plan (the path its table picks for T, named in the case) against
-the same plan forced onto the BF16 path, both replayed from CUDA graphs; bytes: o, the FP8 weight, the output.
+the same plan forced onto the BF16 path, both replayed from CUDA graphs, with one plan (its own weight) per
+input set so that no weight stays in the L2 between calls, as in a model; bytes: o, the FP8 weight, the output.
 Quantizer rows: dsv4ops, a device copy of the same bytes (the ceiling at that size), the PyTorch
 reference eager and (unless --no-compile) torch.compile'd. Bytes: o read (bf16), positions read, the
 FP8 payload and the scale bytes written (the rope table's rows are not counted).
@@ -26,8 +28,8 @@ import dsv4ops
 from dsv4ops import dispatch, wo_a
 from dsv4ops.reference import wo_a as reference
 
-from harness import (HEADER_NOTES, OURS, bench_main, input_sets, make_rows, time_graph_replay, time_matched_copy,
-                     time_ours, time_peer, time_per_call)
+from harness import (HEADER_NOTES, OURS, bench_main, input_set_count, input_sets, make_rows, time_graph_replay,
+                     time_matched_copy, time_ours, time_peer, time_per_call)
 
 N, K = 1024, 4096
 GROUPS = [1, 2, 8, 16]
@@ -60,24 +62,29 @@ def bench_bmm(device, ceiling, compile_peers):
     if not has_kernel:
         HEADER_NOTES.append(f"no bmm_a8w8_mxscale kernel for {device} in this build: only the peers are timed")
     for g in GROUPS:
-        w, w_scale = _weight(device, g)
-        w_bf16 = (w.float() * _scale_float(w_scale).repeat_interleave(128, 1).repeat_interleave(128, 2)).to(
-            torch.bfloat16)
-        w_scale_float = _scale_float(w_scale)
+        # A pool of weights covering 4x the L2, one per input set in turn: in a model, the other layers'
+        # weights pass through the L2 between two calls of a layer, so no weight may stay there between calls.
+        weights = []
+        for _ in range(input_set_count(g * N * K, device)):
+            w, w_scale = _weight(device, g)
+            w_bf16 = (w.float() * _scale_float(w_scale).repeat_interleave(128, 1).repeat_interleave(128, 2)).to(
+                torch.bfloat16)
+            weights.append((w, w_scale, w_bf16, _scale_float(w_scale)))
         for m in TOKENS:
             nbytes = m * g * K + g * N * K + m * g * (K // 128) + g * (N // 128) * (K // 128) + m * g * N * 2
-            sets = input_sets(lambda: _operands(device, m, g), nbytes, device)
+            sets = [operands + weights[i % len(weights)]
+                    for i, operands in enumerate(input_sets(lambda: _operands(device, m, g), nbytes, device))]
             times = {}
             if has_kernel:
-                times.update(time_ours(lambda x, s: torch.ops.dsv4.bmm_a8w8_mxscale(x, w, s, w_scale, torch.bfloat16),
-                                       sets, device))
+                times.update(time_ours(lambda x, s, w, w_scale, *_: torch.ops.dsv4.bmm_a8w8_mxscale(
+                    x, w, s, w_scale, torch.bfloat16), sets, device))
                 # The block sums in the matrix unit's own precision (the wo_a forward's setting; on sm_90 the
                 # FP8 wgmma kernel, with cuBLAS's block-scaled numerics): graph replay.
                 times[REDUCED] = time_ours(
-                    lambda x, s: torch.ops.dsv4.bmm_a8w8_mxscale(x, w, s, w_scale, torch.bfloat16,
-                                                                 reduced_precision_block_sums=True), sets, device)[OURS]
+                    lambda x, s, w, w_scale, *_: torch.ops.dsv4.bmm_a8w8_mxscale(
+                        x, w, s, w_scale, torch.bfloat16, reduced_precision_block_sums=True), sets, device)[OURS]
             if device.type == "cuda":
-                def cublas_fp8(x, s):
+                def cublas_fp8(x, s, w, w_scale, w_bf16, w_scale_float):
                     sx = _scale_float(s)
                     return [torch._scaled_mm(x[:, i], w[i].t(), scale_a=sx[:, i].t().contiguous().t(),
                                              scale_b=w_scale_float[i].t(), out_dtype=torch.bfloat16)
@@ -85,17 +92,22 @@ def bench_bmm(device, ceiling, compile_peers):
 
                 time_peer(times, "cuBLAS block-scaled FP8 (per group)", cublas_fp8, sets, device, f"G={g} M={m}")
                 time_peer(times, "cuBLAS BF16 bmm",
-                          lambda x, s: torch.bmm(x.to(torch.bfloat16).transpose(0, 1), w_bf16.transpose(1, 2)), sets,
-                          device, f"G={g} M={m}")
+                          lambda x, s, w, w_scale, w_bf16, _: torch.bmm(x.to(torch.bfloat16).transpose(0, 1),
+                                                                        w_bf16.transpose(1, 2)),
+                          sets, device, f"G={g} M={m}")
             if m <= REFERENCE_MAX_M:
+                # Small M reads little more than the weight: a copy of as many bytes is the ceiling at this size.
+                times.update(time_matched_copy(nbytes, device))
                 time_peer(times, "reference eager",
-                          lambda x, s: reference.bmm_a8w8_mxscale(x, w, s, w_scale, torch.bfloat16), sets, device)
+                          lambda x, s, w, w_scale, *_: reference.bmm_a8w8_mxscale(x, w, s, w_scale, torch.bfloat16),
+                          sets, device)
             flops = 2 * m * g * N * K
             rates = ", ".join(f"{name}: {flops / t / 1e12:.1f} TFLOP/s" for name, t in times.items()
                               if name in (OURS, REDUCED, "cuBLAS block-scaled FP8 (per group)", "cuBLAS BF16 bmm"))
             case = f"G={g} M={m} N={N} K={K} ({flops / 1e9:.2f} GFLOP; {rates})"
             rows += make_rows("bmm_a8w8_mxscale", case, nbytes, times, "dsv4ops", ceiling)
             del sets
+        del weights
     return rows
 
 
@@ -186,17 +198,22 @@ def bench_forward(device, ceiling, compile_peers):
         return rows
     cos_sin = _rope_table(device)
     for heads, g in QUANT_SHAPES:
-        weight, weight_scale = _weight(device, g)
-        checkpoint_weight = weight.reshape(g * N, K)
-        checkpoint_scale = _scale_float(weight_scale).reshape(g * N // 128, K // 128)
-        plan = dsv4ops.prepare_wo_a(checkpoint_weight, checkpoint_scale, g, N, cos_sin, device)
-        if plan.path != "fp8":
-            HEADER_NOTES.append(f"wo_a plan for H={heads} G={g} refused FP8: {plan.reason}")
+        # One plan (one layer's weight) per input set: in a model, the other layers' weights pass through
+        # the L2 between two calls of a layer, so a weight that fits the L2 must not stay there between calls.
+        plans = []
+        for _ in range(input_set_count(g * N * K, device)):
+            weight, weight_scale = _weight(device, g)
+            checkpoint_weight = weight.reshape(g * N, K)
+            checkpoint_scale = _scale_float(weight_scale).reshape(g * N // 128, K // 128)
+            plans.append(dsv4ops.prepare_wo_a(checkpoint_weight, checkpoint_scale, g, N, cos_sin, device))
+        if plans[0].path != "fp8":
+            HEADER_NOTES.append(f"wo_a plan for H={heads} G={g} refused FP8: {plans[0].reason}")
             continue
         for t in FORWARD_TOKENS:
             nbytes = t * heads * 512 * 2 + g * N * K + t * g * N * 2
-            sets = _attention_output_sets(t, heads, nbytes, device)
-            forward = lambda o, p: dsv4ops.wo_a_forward(o, p, plan, apply_inverse_rope=True)  # noqa: E731
+            sets = [(o, p, plans[i % len(plans)])
+                    for i, (o, p) in enumerate(_attention_output_sets(t, heads, nbytes, device))]
+            forward = lambda o, p, plan: dsv4ops.wo_a_forward(o, p, plan, apply_inverse_rope=True)  # noqa: E731
             chosen = wo_a.gemm_path(t, g, device.type)
             times = time_ours(forward, sets, device)
             saved = wo_a.WO_A_GEMM_PATHS.get(device.type)
@@ -214,7 +231,8 @@ def bench_forward(device, ceiling, compile_peers):
             rows += make_rows("wo_a_forward", f"H={heads} G={g} T={t} (table path: {chosen})", nbytes, times, OURS,
                               ceiling)
             del sets
-        plan._bf16_weight = None  # the BF16 path's dequantized weight, built by the peer
+        for plan in plans:
+            plan._bf16_weight = None  # the BF16 path's dequantized weight, built by the peer
     return rows
 
 

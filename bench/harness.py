@@ -140,10 +140,15 @@ def time_peer(times: Dict[str, float], name: str, fn: Callable, arg_sets: Sequen
         FAILED_PEERS[f"{name}' on '{case}" if case else name] = f"{type(error).__name__}: {first_line}"
 
 
-def input_sets(make: Callable[[], tuple], bytes_per_call: int, device: torch.device) -> List[tuple]:
-    """Enough independent input sets to cover 4x the L2 (at least 2), so calls never hit a warm cache."""
+def input_set_count(bytes_per_call: int, device: torch.device) -> int:
+    """How many independent input sets cover 4x the L2 (at least 2, at most 64)."""
     count = 2 if device.type != "cuda" else max(2, math.ceil(4 * L2_BYTES / max(bytes_per_call, 1)))
-    return [make() for _ in range(min(count, 64))]
+    return min(count, 64)
+
+
+def input_sets(make: Callable[[], tuple], bytes_per_call: int, device: torch.device) -> List[tuple]:
+    """Enough independent input sets to cover 4x the L2, so calls never hit a warm cache."""
+    return [make() for _ in range(input_set_count(bytes_per_call, device))]
 
 
 def copy_bandwidth_gbps(device: torch.device, nbytes: int = 1 << 30) -> float:

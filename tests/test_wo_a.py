@@ -765,6 +765,24 @@ def test_gpu_bmm_large_m(m, groups, reduced_sums):
         assert_gemm_close(got, want)
 
 
+@gpu
+@pytest.mark.parametrize("groups,m,k_blocks", [(1, 1, 36), (1, 13, 36), (2, 16, 12), (1, 200, 36), (4, 3, 12),
+                                               (4, 64, 20), (8, 40, 4)])
+def test_gpu_bmm_split_k_uneven_shares(groups, m, k_blocks):
+    """The split-K kernels' warps take K blocks w, w + 8, ...: K depths whose block count is not a multiple
+    of the warps (or of the K blocks a warp keeps in flight) leave warps with fewer blocks, or none (K is a
+    multiple of 512 here, as the quantizer of the activations needs); both
+    of sm_90's staged grids (16 columns a block at one block per SM or less, 32 above) and the few-tiles
+    case at M = 200; against the fp64 reference and the CPU kernel (fp32 sums in another order)."""
+    n, k = 1024, 128 * k_blocks
+    w, w_scale = quantized_weight(groups, n, k, seed=k_blocks)
+    x, x_scale = quantized_activation(m, groups, k, seed=m + k_blocks)
+    want = torch.ops.dsv4.bmm_a8w8_mxscale(x, w, x_scale, w_scale, torch.float32)
+    got = torch.ops.dsv4.bmm_a8w8_mxscale(x.cuda(), w.cuda(), x_scale.cuda(), w_scale.cuda(), torch.float32)
+    assert_gemm_close(got.cpu(), reference.bmm_a8w8_mxscale(x, w, x_scale, w_scale, torch.float64))
+    assert_rows_close(got.cpu(), want, 1e-5)
+
+
 def _has_reduced_precision_block_sums(device) -> bool:
     """Whether bmm_a8w8_mxscale has a reduced-precision block-sum kernel for `device`: sm_90a-only builds
     on a compute capability 9.0 GPU (the FP8 wgmma kernel)."""

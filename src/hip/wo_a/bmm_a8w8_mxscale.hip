@@ -22,9 +22,11 @@
 // Work split (256 threads a block):
 //   * M <= 64 (decode: the op reads the weight once and is bound by it): bmm_kernel, split-K. A block owns
 //     16 rows and 16 columns of one group (64 blocks per group and M tile for N = 1024); every warp covers
-//     them over a strided share of the K blocks, with fragments loaded straight from global memory
-//     (16-byte loads, the next K block's weight in flight while one multiplies); the warps' fp32 sums are
-//     added in shared memory in warp order (deterministic, no atomics).
+//     them over a strided share of the K blocks; the warps' fp32 sums are added in shared memory in warp
+//     order (deterministic, no atomics). On NVIDIA (aligned rows, operands in the unit's encoding) each
+//     lane stages the fragments of several K blocks through shared memory by cp.async (launch_staged: 2-4
+//     K blocks a warp in flight, 16 or 32 columns a block); elsewhere fragments come straight from global
+//     memory, the next K block's weight in flight in registers while one multiplies.
 //   * M > 64: bmm_tiled_kernel, a 128 x 64 tile through double-buffered shared memory (below).
 //   * M > 64 with rows that are not 16-byte aligned: bmm_kernel with the warps splitting a 128-wide N
 //     tile, each over the whole K (element-wise loads).
@@ -236,9 +238,16 @@ constexpr Fp8Format kUnitFormat = Fp8Format::kFNUZ;
 constexpr Fp8Format kUnitFormat = Fp8Format::kOCP;
 #endif
 
+// 16-byte chunks a lane stages per K block on the staged path (kRing > 0): the weight fragments of its
+// kNTiles N tiles and the x fragments of its two rows in each of kMTiles M tiles, for both 64-deep halves.
+template <int kMTiles, int kNTiles>
+constexpr int kStagedChunks = 2 * (kNTiles + 2 * kMTiles);
+
 // kForeign: an operand may be in the other encoding than the unit's (mma_step_foreign); a separate
 // instantiation, so that the common case carries none of its code or registers.
-template <int kMTiles, int kBlockN, bool kSplitK, bool kVector, bool kForeign>
+// kRing > 0 (NVIDIA, split-K, aligned rows, the unit's encoding): the fragments of kRing K blocks per warp
+// go through shared memory by cp.async instead of one K block ahead in registers; see launch_staged.
+template <int kMTiles, int kBlockN, bool kSplitK, bool kVector, bool kForeign, int kRing = 0>
 __global__ void __launch_bounds__(kThreads) bmm_kernel(BmmA8W8MxScaleArgs args) {
   wait_for_previous_kernel();  // launched to overlap the kernel before it (launch_overlapping)
   constexpr int kWarpsN = kSplitK ? 1 : kWarps;
@@ -300,98 +309,206 @@ __global__ void __launch_bounds__(kThreads) bmm_kernel(BmmA8W8MxScaleArgs args) 
 #pragma unroll
   for (int i = 0; i < kAcc; ++i) acc[i] = 0.0f;
 
-  // The weight fragments of the next K block are in flight while this one is multiplied (the weight is
-  // the stream that bounds small M).
-  // The block's scale bytes come with them.
-  Frag16 b_next[2][kNTiles];
-  uint32_t ws_next = 0;
-  uint32_t xs_next[kMTiles][kLaneRows];
-  const auto load_b = [&](int64_t kb) {
+#if !defined(__HIPCC__)
+  if constexpr (kRing > 0) {
+    static_assert(kSplitK && kVector && !kForeign, "staged path: split-K, aligned rows, the unit's encoding");
+    // Each lane copies its own fragments of kRing K blocks into its slots of shared memory and reads them
+    // back itself (no barrier: a thread's completed copies are visible to it). Chunk order per K block:
+    // B [half][nt], then A [half][mt][h]; lane-major, so a warp's 16-byte reads are conflict-free.
+    constexpr int kChunks = kStagedChunks<kMTiles, kNTiles>;
+    extern __shared__ uint4 staged[];
+    uint4* lane_slots = staged + static_cast<int64_t>(warp) * kRing * kChunks * kWarpSize + lane;
+    uint32_t ws_ring[kRing];
+    uint32_t xs_ring[kRing][kMTiles][kLaneRows];
+    const auto issue = [&](int slot, int64_t kb) {
+      if (kb < k_blocks) {
+        uint4* chunk = lane_slots + slot * kChunks * kWarpSize;
 #pragma unroll
-    for (int half = 0; half < 2; ++half) {
+        for (int half = 0; half < 2; ++half) {
 #pragma unroll
-      for (int nt = 0; nt < kNTiles; ++nt) b_next[half][nt] = load16<kVector>(w_rows[nt] + kb * kBlockK + half * kHalfK);
-    }
-    ws_next = w_scale_row[kb];
+          for (int nt = 0; nt < kNTiles; ++nt) {
+            copy_async_16(static_cast<uint32_t>(__cvta_generic_to_shared(chunk + (half * kNTiles + nt) * kWarpSize)),
+                          w_rows[nt] + kb * kBlockK + half * kHalfK);
+          }
 #pragma unroll
-    for (int mt = 0; mt < kMTiles; ++mt) {
+          for (int mt = 0; mt < kMTiles; ++mt) {
 #pragma unroll
-      for (int r = 0; r < kLaneRows; ++r) {
-        const int64_t m = lane_m + mt * 16 + r * kLaneRowStep;
-        xs_next[mt][r] = m < args.m ? x_scale_group[m * args.x_scale_stride_m + kb] : 127u;
-      }
-    }
-  };
-  if (warp_k < k_blocks) load_b(warp_k);
-
-  for (int64_t kb = warp_k; kb < k_blocks; kb += kWarpsK) {
-    Frag16 b_block[2][kNTiles];
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-#pragma unroll
-      for (int nt = 0; nt < kNTiles; ++nt) b_block[half][nt] = b_next[half][nt];
-    }
-    const uint32_t ws = ws_next;
-    uint32_t xs_block[kMTiles][kLaneRows];
-#pragma unroll
-    for (int mt = 0; mt < kMTiles; ++mt) {
-#pragma unroll
-      for (int r = 0; r < kLaneRows; ++r) xs_block[mt][r] = xs_next[mt][r];
-    }
-    if (kb + kWarpsK < k_blocks) load_b(kb + kWarpsK);
-    float part[kAcc];
-#pragma unroll
-    for (int i = 0; i < kAcc; ++i) part[i] = 0.0f;
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const int64_t k = kb * kBlockK + half * kHalfK;
-      const Frag16* b = b_block[half];
-      Frag16 a[kMTiles][2];
-#pragma unroll
-      for (int mt = 0; mt < kMTiles; ++mt) {
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          if (row_ok[mt][h]) {
-            a[mt][h] = load16<kVector>(x_rows[mt][h] + k);
-          } else {
-            a[mt][h] = Frag16{{0u, 0u, 0u, 0u}};
+            for (int h = 0; h < 2; ++h) {
+              const int c = 2 * kNTiles + (half * kMTiles + mt) * 2 + h;
+              copy_async_16_or_zeros(static_cast<uint32_t>(__cvta_generic_to_shared(chunk + c * kWarpSize)),
+                                     x_rows[mt][h] + kb * kBlockK + half * kHalfK, row_ok[mt][h]);
+            }
           }
         }
-      }
-#pragma unroll
-      for (int s = 0; s < 2; ++s) {
+        ws_ring[slot] = w_scale_row[kb];
 #pragma unroll
         for (int mt = 0; mt < kMTiles; ++mt) {
 #pragma unroll
+          for (int r = 0; r < kLaneRows; ++r) {
+            const int64_t m = lane_m + mt * 16 + r * kLaneRowStep;
+            xs_ring[slot][mt][r] = m < args.m ? x_scale_group[m * args.x_scale_stride_m + kb] : 127u;
+          }
+        }
+      }
+      copy_async_commit();  // an empty group keeps the count uniform
+    };
+#pragma unroll
+    for (int slot = 0; slot < kRing; ++slot) issue(slot, warp_k + slot * kWarpsK);
+    for (int64_t base = warp_k; base < k_blocks; base += kRing * kWarpsK) {
+#pragma unroll
+      for (int slot = 0; slot < kRing; ++slot) {
+        const int64_t kb = base + slot * kWarpsK;
+        if (kb >= k_blocks) break;
+        // Groups committed: kRing + (K blocks done); at most kRing - 1 pending: this block has landed.
+        copy_async_wait<kRing - 1>();
+        const uint4* chunk = lane_slots + slot * kChunks * kWarpSize;
+        float part[kAcc];
+#pragma unroll
+        for (int i = 0; i < kAcc; ++i) part[i] = 0.0f;
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          Frag16 b[kNTiles];
+          Frag16 a[kMTiles][2];
+#pragma unroll
           for (int nt = 0; nt < kNTiles; ++nt) {
-            float* c = &part[(mt * kNTiles + nt) * 4];
-            if constexpr (kForeign) {
-              mma_step_foreign(c, a[mt][0], a[mt][1], b[nt], s, x_foreign, w_foreign);
+            const uint4 v = chunk[(half * kNTiles + nt) * kWarpSize];
+            b[nt] = Frag16{{v.x, v.y, v.z, v.w}};
+          }
+#pragma unroll
+          for (int mt = 0; mt < kMTiles; ++mt) {
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+              const uint4 v = chunk[(2 * kNTiles + (half * kMTiles + mt) * 2 + h) * kWarpSize];
+              a[mt][h] = Frag16{{v.x, v.y, v.z, v.w}};
+            }
+          }
+#pragma unroll
+          for (int s = 0; s < 2; ++s) {
+#pragma unroll
+            for (int mt = 0; mt < kMTiles; ++mt) {
+#pragma unroll
+              for (int nt = 0; nt < kNTiles; ++nt) {
+                mma_step(&part[(mt * kNTiles + nt) * 4], a[mt][0], a[mt][1], b[nt], s);
+              }
+            }
+          }
+        }
+        const uint32_t ws = ws_ring[slot];
+#pragma unroll
+        for (int mt = 0; mt < kMTiles; ++mt) {
+#pragma unroll
+          for (int r = 0; r < kLaneRows; ++r) {
+            const BlockScale f = block_scale(xs_ring[slot][mt][r], ws, shift);
+#pragma unroll
+            for (int nt = 0; nt < kNTiles; ++nt) {
+              acc[(mt * kNTiles + nt) * 4 + 2 * r] += (part[(mt * kNTiles + nt) * 4 + 2 * r] * f.f1) * f.f2;
+              acc[(mt * kNTiles + nt) * 4 + 2 * r + 1] += (part[(mt * kNTiles + nt) * 4 + 2 * r + 1] * f.f1) * f.f2;
+            }
+          }
+        }
+        // The slot is refilled once its fragments are consumed (the MMAs above read them).
+        issue(slot, kb + kRing * kWarpsK);
+      }
+    }
+  }
+#endif
+  if constexpr (kRing == 0) {
+    // The weight fragments of the next K block are in flight while this one is multiplied (the weight is
+    // the stream that bounds small M).
+    // The block's scale bytes come with them.
+    Frag16 b_next[2][kNTiles];
+    uint32_t ws_next = 0;
+    uint32_t xs_next[kMTiles][kLaneRows];
+    const auto load_b = [&](int64_t kb) {
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+#pragma unroll
+        for (int nt = 0; nt < kNTiles; ++nt) {
+          b_next[half][nt] = load16<kVector>(w_rows[nt] + kb * kBlockK + half * kHalfK);
+        }
+      }
+      ws_next = w_scale_row[kb];
+#pragma unroll
+      for (int mt = 0; mt < kMTiles; ++mt) {
+#pragma unroll
+        for (int r = 0; r < kLaneRows; ++r) {
+          const int64_t m = lane_m + mt * 16 + r * kLaneRowStep;
+          xs_next[mt][r] = m < args.m ? x_scale_group[m * args.x_scale_stride_m + kb] : 127u;
+        }
+      }
+    };
+    if (warp_k < k_blocks) load_b(warp_k);
+
+    for (int64_t kb = warp_k; kb < k_blocks; kb += kWarpsK) {
+      Frag16 b_block[2][kNTiles];
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+#pragma unroll
+        for (int nt = 0; nt < kNTiles; ++nt) b_block[half][nt] = b_next[half][nt];
+      }
+      const uint32_t ws = ws_next;
+      uint32_t xs_block[kMTiles][kLaneRows];
+#pragma unroll
+      for (int mt = 0; mt < kMTiles; ++mt) {
+#pragma unroll
+        for (int r = 0; r < kLaneRows; ++r) xs_block[mt][r] = xs_next[mt][r];
+      }
+      if (kb + kWarpsK < k_blocks) load_b(kb + kWarpsK);
+      float part[kAcc];
+#pragma unroll
+      for (int i = 0; i < kAcc; ++i) part[i] = 0.0f;
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int64_t k = kb * kBlockK + half * kHalfK;
+        const Frag16* b = b_block[half];
+        Frag16 a[kMTiles][2];
+#pragma unroll
+        for (int mt = 0; mt < kMTiles; ++mt) {
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            if (row_ok[mt][h]) {
+              a[mt][h] = load16<kVector>(x_rows[mt][h] + k);
             } else {
-              mma_step(c, a[mt][0], a[mt][1], b[nt], s);
+              a[mt][h] = Frag16{{0u, 0u, 0u, 0u}};
+            }
+          }
+        }
+#pragma unroll
+        for (int s = 0; s < 2; ++s) {
+#pragma unroll
+          for (int mt = 0; mt < kMTiles; ++mt) {
+#pragma unroll
+            for (int nt = 0; nt < kNTiles; ++nt) {
+              float* c = &part[(mt * kNTiles + nt) * 4];
+              if constexpr (kForeign) {
+                mma_step_foreign(c, a[mt][0], a[mt][1], b[nt], s, x_foreign, w_foreign);
+              } else {
+                mma_step(c, a[mt][0], a[mt][1], b[nt], s);
+              }
             }
           }
         }
       }
-    }
 #pragma unroll
-    for (int mt = 0; mt < kMTiles; ++mt) {
+      for (int mt = 0; mt < kMTiles; ++mt) {
 #pragma unroll
-      for (int r = 0; r < kLaneRows; ++r) {
-        const BlockScale f = block_scale(xs_block[mt][r], ws, shift);
+        for (int r = 0; r < kLaneRows; ++r) {
+          const BlockScale f = block_scale(xs_block[mt][r], ws, shift);
 #pragma unroll
-        for (int nt = 0; nt < kNTiles; ++nt) {
-          float* c = &part[(mt * kNTiles + nt) * 4];
-          float* sum = &acc[(mt * kNTiles + nt) * 4];
+          for (int nt = 0; nt < kNTiles; ++nt) {
+            float* c = &part[(mt * kNTiles + nt) * 4];
+            float* sum = &acc[(mt * kNTiles + nt) * 4];
 #if defined(__AMDGCN__) || defined(__HIP_PLATFORM_AMD__)
-          sum[r] += (c[r] * f.f1) * f.f2;
+            sum[r] += (c[r] * f.f1) * f.f2;
 #else
-          sum[2 * r] += (c[2 * r] * f.f1) * f.f2;
-          sum[2 * r + 1] += (c[2 * r + 1] * f.f1) * f.f2;
+            sum[2 * r] += (c[2 * r] * f.f1) * f.f2;
+            sum[2 * r + 1] += (c[2 * r + 1] * f.f1) * f.f2;
 #endif
+          }
         }
       }
     }
+
   }
 
   if constexpr (kSplitK) {
@@ -720,32 +837,31 @@ __global__ void __launch_bounds__(128 * kWarpGroups) bmm_wgmma_kernel(BmmA8W8MxS
   const int64_t k_blocks = args.k / kBlockK;
   const int shift = encoding_shift(args);
 
-  // Copy j of a stage is chunk c = tid + j * threads: row c / 8 of A (the first kBlockM rows) or of B,
-  // 16-byte column c % 8. A thread's rows are all equal mod 8 (threads is a multiple of 64), so its
-  // swizzle is one XOR for all its copies.
+  // Copy j of a stage is chunk c = tid + j * threads: row c / 8 of A (the first kBlockM rows: copies
+  // j < kACopies) or of B, 16-byte column c % 8. A thread's rows are all equal mod 8 (threads is a multiple
+  // of 64), so its swizzle is one XOR for all its copies. Sources are addressed from two row pointers and
+  // their strides (a pointer per copy would cost registers).
+  constexpr int kRowsPerCopy = Shape::kThreads / 8;
+  constexpr int kACopies = Shape::kBlockM / kRowsPerCopy;
+  static_assert(Shape::kBlockM % kRowsPerCopy == 0 && kACopies < Shape::kChunks, "copies of A, then of B");
   const uint32_t copy_offset = static_cast<uint32_t>(tid * 16) ^ static_cast<uint32_t>(((tid / 8) % 8) * 16);
-  const uint8_t* copy_src[Shape::kChunks];
-  uint32_t copy_bytes = 0;  // bit j: copy j reads a row below M (else it zero-fills)
-#pragma unroll
-  for (int j = 0; j < Shape::kChunks; ++j) {
-    const int c = tid + j * Shape::kThreads;
-    const int row = c / 8;
-    const int column = c % 8;
-    if (row < Shape::kBlockM) {
-      const int64_t m = m0 + row;
-      const bool inside = m < args.m;
-      copy_src[j] = args.x + (inside ? m : 0) * args.x_stride_m + group * args.x_stride_g + column * 16;
-      copy_bytes |= (inside ? 1u : 0u) << j;
-    } else {
-      copy_src[j] = args.w + group * args.w_stride_g + (n0 + row - Shape::kBlockM) * args.w_stride_n + column * 16;
-      copy_bytes |= 1u << j;
-    }
-  }
+  const int64_t first_a_row = m0 + tid / 8;
+  const uint8_t* a_source = args.x + first_a_row * args.x_stride_m + group * args.x_stride_g + (tid % 8) * 16;
+  const uint8_t* b_source =
+      args.w + group * args.w_stride_g + (n0 + tid / 8) * args.w_stride_n + (tid % 8) * 16;
+  const int64_t a_copy_step = kRowsPerCopy * args.x_stride_m;
+  const int64_t b_copy_step = kRowsPerCopy * args.w_stride_n;
   const auto issue_stage = [&](int64_t kb) {
     const uint32_t stage = shared_base + static_cast<uint32_t>(kb % kStages) * Shape::kStageBytes + copy_offset;
 #pragma unroll
     for (int j = 0; j < Shape::kChunks; ++j) {
-      copy_async_16_or_zeros(stage + j * Shape::kThreads * 16, copy_src[j] + kb * kBlockK, (copy_bytes >> j) & 1u);
+      const uint32_t target = stage + j * Shape::kThreads * 16;
+      if (j < kACopies) {
+        const bool inside = first_a_row + j * kRowsPerCopy < args.m;  // rows past M are zero-filled, not read
+        copy_async_16_or_zeros(target, inside ? a_source + j * a_copy_step + kb * kBlockK : args.x, inside);
+      } else {
+        copy_async_16(target, b_source + (j - kACopies) * b_copy_step + kb * kBlockK);
+      }
     }
     copy_async_commit();
   };
@@ -758,70 +874,98 @@ __global__ void __launch_bounds__(128 * kWarpGroups) bmm_wgmma_kernel(BmmA8W8MxS
   const uint8_t* x_scale_hi = row_hi < args.m ? x_scale_group + row_hi * args.x_scale_stride_m : nullptr;
   const uint8_t* w_scale_row = args.w_scale + group * args.w_scale_stride_g + (n0 / kBlockK) * args.w_scale_stride_nb;
 
-  // Scale bytes are loaded one K block ahead: read when a block's product is folded, their latency (an L2
-  // round trip) would otherwise stall every block.
+  // Block kb's product is folded while block kb + 1's multiplies (two fragments, used in turn), so the
+  // unit's latency is hidden behind the fold; block kb's scale bytes are loaded when its product is issued
+  // and read at its fold, one K block later (their latency, an L2 round trip, would otherwise stall every
+  // block). A buffer is refilled two K blocks after its product was issued: by then every warp group has
+  // waited for that product (at its previous K block) and passed the barrier.
   const auto load_scales = [&](int64_t kb, uint32_t& lo, uint32_t& hi, uint32_t& w) {
     lo = x_scale_lo != nullptr ? x_scale_lo[kb] : 127u;
     hi = x_scale_hi != nullptr ? x_scale_hi[kb] : 127u;
     w = w_scale_row[kb];
   };
-  uint32_t next_xs_lo, next_xs_hi, next_ws;
-  load_scales(0, next_xs_lo, next_xs_hi, next_ws);
+  const auto fold = [&](float (&product)[kAcc], float (&sum)[kAcc], uint32_t xs_lo, uint32_t xs_hi, uint32_t ws) {
+    const BlockScale f_lo = block_scale(xs_lo, ws, shift);
+    const BlockScale f_hi = block_scale(xs_hi, ws, shift);
+#pragma unroll
+    for (int i = 0; i < kAcc; ++i) {
+      const BlockScale& f = (i % 4) < 2 ? f_lo : f_hi;
+      sum[i] += (product[i] * f.f1) * f.f2;
+    }
+  };
 
   float acc[kAcc];
-  float part[kAcc];
+  float part_even[kAcc];  // the products of even K blocks
+  float part_odd[kAcc];   // and of odd ones
 #pragma unroll
   for (int i = 0; i < kAcc; ++i) acc[i] = 0.0f;
+  uint32_t pending_xs_lo = 127u, pending_xs_hi = 127u, pending_ws = 127u;  // scales of the product in flight
 
+  constexpr int kAhead = kStages - 2;  // K blocks in flight (one buffer waits for the product before it)
 #pragma unroll
-  for (int s = 0; s < kStages - 1; ++s) {
+  for (int s = 0; s < kAhead; ++s) {
     if (s < k_blocks) {
       issue_stage(s);
     } else {
       copy_async_commit();  // an empty group keeps the count uniform
     }
   }
-  for (int64_t kb = 0; kb < k_blocks; ++kb) {
-    // Groups committed so far: kb + kStages - 1; with at most kStages - 2 pending, block kb has landed.
-    copy_async_wait<kStages - 2>();
+  // One K block: its product into `product`, then (fold_previous) the previous block's, in `previous`, folded.
+  const auto step = [&](bool fold_previous, int64_t kb, float (&product)[kAcc], float (&previous)[kAcc]) {
+    // Groups committed so far: kb + kAhead; with at most kAhead - 1 pending, block kb has landed.
+    copy_async_wait<kAhead - 1>();
     fence_shared_writes_for_wgmma();
-    __syncthreads();  // every thread's copies visible; every warp group done with block kb - 1's buffer
-    if (kb + kStages - 1 < k_blocks) {
-      issue_stage(kb + kStages - 1);
+    __syncthreads();  // every thread's copies visible; every warp group done with block kb - 2's buffer
+    if (kb + kAhead < k_blocks) {
+      issue_stage(kb + kAhead);
     } else {
       copy_async_commit();
     }
-    const uint32_t xs_lo = next_xs_lo;
-    const uint32_t xs_hi = next_xs_hi;
-    const uint32_t ws = next_ws;
-    if (kb + 1 < k_blocks) load_scales(kb + 1, next_xs_lo, next_xs_hi, next_ws);
+    uint32_t xs_lo, xs_hi, ws;
+    load_scales(kb, xs_lo, xs_hi, ws);
 
     const uint32_t stage = shared_base + static_cast<uint32_t>(kb % kStages) * Shape::kStageBytes;
     const uint32_t a_tile = stage + warp_group * 64 * kBlockK;
     const uint32_t b_tile = stage + Shape::kBlockM * kBlockK;
-    pin_registers(part);
+    pin_registers(product);
     asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
 #pragma unroll
     for (int s = 0; s < kBlockK / 32; ++s) {
       const uint64_t a_desc = swizzled_tile_descriptor(a_tile + 32 * s);
       const uint64_t b_desc = swizzled_tile_descriptor(b_tile + 32 * s);
       if constexpr (kBlockN == 128) {
-        wgmma_m64n128k32(part, a_desc, b_desc, s > 0 ? 1u : 0u);
+        wgmma_m64n128k32(product, a_desc, b_desc, s > 0 ? 1u : 0u);
       } else {
-        wgmma_m64n64k32(part, a_desc, b_desc, s > 0 ? 1u : 0u);
+        wgmma_m64n64k32(product, a_desc, b_desc, s > 0 ? 1u : 0u);
       }
     }
     asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
-    asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
-    pin_registers(part);
-
-    const BlockScale f_lo = block_scale(xs_lo, ws, shift);
-    const BlockScale f_hi = block_scale(xs_hi, ws, shift);
-#pragma unroll
-    for (int i = 0; i < kAcc; ++i) {
-      const BlockScale& f = (i % 4) < 2 ? f_lo : f_hi;
-      acc[i] += (part[i] * f.f1) * f.f2;
+    if (fold_previous) {
+      asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");  // block kb - 1's product is done
+      pin_registers(previous);
+      fold(previous, acc, pending_xs_lo, pending_xs_hi, pending_ws);
     }
+    pending_xs_lo = xs_lo;
+    pending_xs_hi = xs_hi;
+    pending_ws = ws;
+  };
+  // Every path through these calls alternates the two fragments (k_blocks >= 1: the launcher's contract), so
+  // that the compiler can keep the products in flight instead of serializing the unit.
+  step(false, 0, part_even, part_odd);
+  int64_t kb = 1;
+  for (; kb + 1 < k_blocks; kb += 2) {
+    step(true, kb, part_odd, part_even);
+    step(true, kb + 1, part_even, part_odd);
+  }
+  if (kb < k_blocks) {
+    step(true, kb, part_odd, part_even);
+    asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+    pin_registers(part_odd);
+    fold(part_odd, acc, pending_xs_lo, pending_xs_hi, pending_ws);
+  } else {
+    asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+    pin_registers(part_even);
+    fold(part_even, acc, pending_xs_lo, pending_xs_hi, pending_ws);
   }
   copy_async_wait<0>();
 
@@ -882,6 +1026,26 @@ LaunchStatus launch_config(const BmmA8W8MxScaleArgs& args, bool vector, hipStrea
   return last_launch_status();
 }
 
+#if !defined(__HIPCC__)
+// The staged split-K kernel: a block owns 16 rows and kBlockN columns, each warp keeps kRing of its K
+// blocks in flight through shared memory (kRing x 4 or 6 KiB a warp).
+template <int kBlockN, int kRing>
+LaunchStatus launch_staged(const BmmA8W8MxScaleArgs& args, hipStream_t stream) {
+  constexpr size_t shared_bytes =
+      static_cast<size_t>(kWarps) * kRing * kStagedChunks<1, kBlockN / kTileN> * kWarpSize * 16;
+  const int64_t m_tiles = (args.m + 15) / 16;
+  if (m_tiles > 0x7fffffff || args.groups > 65535 || args.n / kBlockN > 65535) return LaunchStatus::kInvalidArgument;
+  if (!allow_dynamic_shared_memory<bmm_kernel<1, kBlockN, true, true, false, kRing>>(shared_bytes)) {
+    return launch_config<1, 16, true>(args, true, stream);  // a device with less shared memory a block
+  }
+  const dim3 grid(static_cast<unsigned>(m_tiles), static_cast<unsigned>(args.n / kBlockN),
+                  static_cast<unsigned>(args.groups));
+  launch_overlapping(bmm_kernel<1, kBlockN, true, true, false, kRing>, grid, dim3(kThreads), shared_bytes, stream,
+                     args);
+  return last_launch_status();
+}
+#endif
+
 }  // namespace
 
 LaunchStatus launch_bmm_a8w8_mxscale(const BmmA8W8MxScaleArgs& args, void* stream) {
@@ -927,6 +1091,18 @@ LaunchStatus launch_bmm_a8w8_mxscale(const BmmA8W8MxScaleArgs& args, void* strea
     if (args.m <= 64 || few_tiles) return launch_config<1, 16, true, true>(args, vector, hip_stream);
     return launch_config<4, 128, false, true>(args, vector, hip_stream);
   }
+#if !defined(__HIPCC__)
+  // NVIDIA: the staged split-K kernel (H200, N = 1024, K = 4096, against the register-prefetch kernel in the
+  // same run): grids of at most one 16-column block per SM (M <= 16 at G <= 2) keep 4 K blocks a warp in
+  // flight (G = 1, M = 1: 4.1 us against 6.0; G = 2, M = 16: 5.8 against 6.9); larger ones take 32 columns
+  // and 2 K blocks a warp, so that two blocks fit an SM (G = 8, M = 1: 12.7 against 15.0; G = 16, M = 1:
+  // 22.4 against 26.8; G = 16, M = 16: 24.6 against 29.6; G = 2, M = 64: 9.8 against 13.1).
+  if ((args.m <= 64 || few_tiles) && vector) {
+    const int64_t narrow_blocks = (args.m + 15) / 16 * (args.n / 16) * args.groups;
+    if (narrow_blocks <= kFewBlocks) return launch_staged<16, 4>(args, hip_stream);
+    return launch_staged<32, 2>(args, hip_stream);
+  }
+#endif
   if (args.m <= 64 || few_tiles) return launch_config<1, 16, true>(args, vector, hip_stream);
   if (!vector) return launch_config<4, 128, false>(args, vector, hip_stream);  // unaligned rows: no staging
   if (m_tiles > 65535 || args.groups > 65535) return LaunchStatus::kInvalidArgument;
