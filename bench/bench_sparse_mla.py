@@ -11,7 +11,9 @@ FLOPs / BF16 matrix rate) uses both ceilings measured in this run (device copy; 
 appears where the build registers a kernel for the device (graph replay and back-to-back calls, automatic
 split count); the PyTorch reference, eager and under torch.compile, is timed at T <= 8. The "roofline
 bound" row is that time itself, so our rows' speedup column over it reads as the fraction of the roofline
-reached (issue targets: >= 0.5 for T >= 32; T = 1 under 20 us).
+reached (issue targets: >= 0.5 for T >= 32; T = 1 under 20 us). Each row is its own request, with its own
+window and compressed entries (distinct slots), and the input sets rotate over 4x the L2, so that keys come
+from memory as in a model.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import dsv4ops
 from dsv4ops import dispatch
 from dsv4ops.reference import sparse_mla as reference
 
-from harness import HEADER_NOTES, bench_main, make_rows, time_ours, time_peer, time_per_call
+from harness import HEADER_NOTES, bench_main, input_sets, make_rows, time_ours, time_peer, time_per_call
 
 WINDOW = 128
 SCALE = 512 ** -0.5
@@ -43,12 +45,33 @@ def bf16_matrix_rate(device) -> float:
     return 2 * size**3 / seconds
 
 
-def _cache(device, entries, seed):
+def _cache(device, entries):
     blocks = -(-entries // BLOCK) + 1
     cache = torch.zeros(blocks, BLOCK * 584, dtype=torch.uint8, device=device)
-    k = torch.randn(entries, 512, generator=torch.Generator().manual_seed(seed)).to(torch.bfloat16).to(device)
+    k = torch.randn(entries, 512, device=device).to(torch.bfloat16)
     dsv4ops.quantize_and_insert_k_cache(k, cache, torch.arange(entries, device=device), BLOCK, "ocp")
     return cache
+
+
+def _decode_inputs(device, t, heads, compressed, topk):
+    """One call's inputs: T rows, one request each, each with its own SWA window (WINDOW entries of the main
+    cache) and its own compressed entries (`compressed` of the extra cache), of which it reads `topk`
+    distinct ones (C4A) or all (C128A)."""
+    main_cache = _cache(device, t * WINDOW)
+    extra_cache = _cache(device, t * compressed)
+    main_idx = torch.arange(t * WINDOW, dtype=torch.int32, device=device)
+    main_ptr = torch.arange(t + 1, dtype=torch.int32, device=device) * WINDOW
+    per_row = topk if topk else compressed
+    if topk:
+        picks = torch.rand(t, compressed, device=device).argsort(dim=1)[:, :per_row]
+        extra_idx = (picks + torch.arange(t, device=device)[:, None] * compressed).to(torch.int32).reshape(-1)
+    else:
+        extra_idx = torch.arange(t * compressed, dtype=torch.int32, device=device)
+    extra_ptr = torch.arange(t + 1, dtype=torch.int32, device=device) * per_row
+    q = torch.randn(t, heads, 512, device=device).to(torch.bfloat16)
+    sink = torch.randn(heads, device=device)
+    return (q, main_cache, main_idx, main_ptr, BLOCK, extra_cache, extra_idx, extra_ptr, BLOCK, sink, SCALE, 0, 0,
+            0, None, None, torch.empty_like(q))
 
 
 def bench_decode(device, ceiling_gbps, compile_peers):
@@ -59,42 +82,33 @@ def bench_decode(device, ceiling_gbps, compile_peers):
     has_kernel = not dispatch.decide("sparse_mla_decode", device).reason
     if not has_kernel:
         HEADER_NOTES.append(f"no sparse_mla_decode kernel for {device} in this build: reference rows only")
-    main_cache = _cache(device, 131072 // 32, seed=1)  # SWA windows sit in the first entries
     reference_compiled = torch.compile(reference.sparse_mla_decode, dynamic=False) if compile_peers else None
     for layer, ratio, extent in LAYERS:
         for model, heads in HEADS:
             family = model.split()[0]
             topk = extent[family] if isinstance(extent, dict) else None
             compressed = topk * 4 if topk else extent // ratio
-            extra_cache = _cache(device, compressed, seed=2)
             for t in TOKENS:
-                main_idx = torch.arange(WINDOW, dtype=torch.int32, device=device).repeat(t)
-                main_ptr = torch.arange(t + 1, dtype=torch.int32, device=device) * WINDOW
-                per_row = topk if topk else compressed
-                extra_idx = torch.randint(0, compressed, (t * per_row,), dtype=torch.int32, device=device)
-                extra_ptr = torch.arange(t + 1, dtype=torch.int32, device=device) * per_row
-                q = torch.randn(t, heads, 512, device=device).to(torch.bfloat16)
-                sink = torch.randn(heads, device=device)
-                out = torch.empty_like(q)
-                keys = WINDOW + per_row
+                keys = WINDOW + (topk if topk else compressed)
                 nbytes = t * (584 * keys + 2 * 2 * heads * 512)
                 flops = t * 4 * heads * 512 * keys
                 roofline = max(nbytes / (ceiling_gbps * 1e9), flops / matrix_rate)
-                args = (q, main_cache, main_idx, main_ptr, BLOCK, extra_cache, extra_idx, extra_ptr, BLOCK, sink,
-                        SCALE, 0, 0, 0, None, None)
+                sets = input_sets(lambda: _decode_inputs(device, t, heads, compressed, topk), nbytes, device)
                 times = {"roofline bound": roofline}
                 if has_kernel:
-                    times.update(time_ours(lambda *a: torch.ops.dsv4.sparse_mla_decode(*a, out=out), [args], device))
+                    times.update(time_ours(lambda *a: torch.ops.dsv4.sparse_mla_decode(*a[:16], out=a[16]), sets,
+                                           device))
                 if t <= REFERENCE_MAX_T:
                     time_peer(times, "reference eager",
-                              lambda *a: reference.sparse_mla_decode(*a[:12], a[12], None, None), [args], device)
+                              lambda *a: reference.sparse_mla_decode(*a[:12], a[12], None, None), sets, device)
                     if reference_compiled is not None:
                         time_peer(times, "reference compiled",
-                                  lambda *a: reference_compiled(*a[:12], a[12], None, None), [args], device,
+                                  lambda *a: reference_compiled(*a[:12], a[12], None, None), sets, device,
                                   f"{layer} {model} T={t}")
                 case = (f"{layer} {model} H={heads} T={t} keys/row={keys} roofline {roofline * 1e6:.1f} us "
                         f"({flops / 1e9:.2f} GFLOP)")
                 rows += make_rows("sparse_mla_decode", case, nbytes, times, "dsv4ops", ceiling_gbps)
+                del sets
     return rows
 
 

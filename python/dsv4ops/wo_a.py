@@ -43,21 +43,21 @@ _logged: set = set()
 #   "bf16"        the BF16 path (inverse RoPE, BF16 einsum on the dequantized weight, built on first use: it
 #                 doubles this layer's weight memory once chosen).
 # Devices not listed take "fp8_kernel". Tune the rows from bench/bench_wo_a.py on the target GPU.
-# cuda: H200, bench/results/wo_a_cuda.md (2026-11-30; N = 1024, K = 4096). G = 1 and 2 from the GEMM times (us;
-# dsv4ops with reduced-precision block sums as the forward runs it, against the BF16 bmm and cuBLAS block-scaled
-# FP8): G=1 dsv4ops to T = 4096 (23.8 vs 31.0 BF16 at 1024; 68.9 vs 78.5 cuBLAS FP8 at 4096), cuBLAS FP8 at
-# 16384 (154 vs 263); G=2 dsv4ops to T = 1024 (35.3 vs 52.1 BF16), cuBLAS FP8 from 4096 (119 vs 135).
-# G = 8 and 16 (the DSv4 shapes) from the end-to-end forward, quantization included (wo_a_forward rows, graph
-# replay): dsv4ops to T = 64 (G=8: 20.7 vs 28.9 BF16 path; G=16: 30.2 vs 50.5); the BF16 path at 256 and 1024,
-# where the quantization costs the FP8 path what its GEMM saves (G=8: 47.3 vs 47.6 and 171 vs 159; G=16: 89.2 vs
-# 86.8 and 331 vs 309); cuBLAS FP8 from 4096 (G=8: 440 vs 636; G=16: 857 vs 1156).
+# cuda: H200 (2026-12-01; N = 1024, K = 4096), end-to-end wo_a_forward times in graph replay, quantization included,
+# one weight per input set (us; our kernel with reduced-precision block sums as the forward runs it / the BF16 path /
+# cuBLAS block-scaled FP8): G=8 ours to T = 256 (19.9 / 29.3 / 155 at 64; 43.2 / 48.2 / 167 at 256), the BF16 path
+# at 512 and 1024 (82.0 / 80.6 / 183; 157 / 156 / 206), cuBLAS from 4096 (wo_a_cuda.md: 443 vs 611 BF16 path);
+# G=16 ours to T = 1024 (81.2 / 88.9 at 256; 301 / 314 / 388 at 1024), cuBLAS from 4096 (852 vs 1185);
+# G=2 ours at 1024 (40.9 / 42.9 / 68.3), cuBLAS from 4096 (131 vs 150 ours, 158); G=1: the BF16 path at 4096
+# (68.4 vs 78.6 ours, 75.9 cuBLAS), cuBLAS at 16384 (225 vs 270 BF16, 290 ours); ours below 4096 from the GEMM
+# times (bench/results/wo_a_cuda.md: 20.0 vs 42.9 BF16 bmm at 1024).
 # Crossovers between the measured T are unmeasured; each row ends at the last T measured on its side.
 WO_A_GEMM_PATHS = {
     "cuda": {
-        1: ((4096, "fp8_kernel"), (None, "vendor_fp8")),
+        1: ((1024, "fp8_kernel"), (4096, "bf16"), (None, "vendor_fp8")),
         2: ((1024, "fp8_kernel"), (None, "vendor_fp8")),
-        8: ((64, "fp8_kernel"), (1024, "bf16"), (None, "vendor_fp8")),
-        16: ((64, "fp8_kernel"), (1024, "bf16"), (None, "vendor_fp8")),
+        8: ((256, "fp8_kernel"), (1024, "bf16"), (None, "vendor_fp8")),
+        16: ((1024, "fp8_kernel"), (None, "vendor_fp8")),
     },
     "cpu": {1: ((None, "fp8_kernel"),)},
 }
