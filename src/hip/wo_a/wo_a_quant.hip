@@ -96,6 +96,9 @@ template <Fp8Format F, int kGroupThreads, bool kBf16Table>
 __global__ void __launch_bounds__(kElementwiseThreads)
     group_quant_kernel(InverseRopeGroupQuantArgs args, int64_t items, bool vector, bool flat_scales) {
   wait_for_previous_kernel();  // launched to overlap the kernel before it (launch_overlapping)
+  // The GEMM that reads x_fp8 may launch now and wait for this kernel's end itself: at decode sizes this
+  // hides its launch behind the quantization.
+  release_dependents();
   constexpr int kGroupLanes = kGroupThreads * kQuantLanes;
   const int64_t rows = args.tokens * args.heads;
   for (int64_t item = global_thread_index(); item < items; item += global_thread_count()) {
