@@ -627,8 +627,8 @@ __global__ void __launch_bounds__(kWgThreads, 2) logits_wgmma_kernel(Args args) 
 #if defined(DSV4_WGMMA)
   extern __shared__ __align__(1024) uint8_t wg_shared[];
   const Block block(args);
-  const uint32_t shared_raw = static_cast<uint32_t>(__cvta_generic_to_shared(wg_shared));
-  const uint32_t padding = ((shared_raw + 1023u) & ~1023u) - shared_raw;  // tiles on 1024-byte boundaries
+  const uint32_t shared_raw = shared_window_address(wg_shared);
+  const uint32_t padding = swizzle_atom_aligned(shared_raw) - shared_raw;
   const uint32_t keys_tile = shared_raw + padding;
   const uint32_t q_tiles = keys_tile + kWgKeyBytes;
   const uint32_t weight_tiles = q_tiles + kWgStages * kWgQBytes;
@@ -767,8 +767,8 @@ __global__ void __launch_bounds__(kWgThreads, 2)
 #if defined(DSV4_WGMMA)
   extern __shared__ __align__(1024) uint8_t wg_shared[];
   const PagedWgmmaBlock block(args);  // its keys, rows and windows (its n0 is not used: tiles run below)
-  const uint32_t shared_raw = static_cast<uint32_t>(__cvta_generic_to_shared(wg_shared));
-  const uint32_t padding = ((shared_raw + 1023u) & ~1023u) - shared_raw;  // tiles on 1024-byte boundaries
+  const uint32_t shared_raw = shared_window_address(wg_shared);
+  const uint32_t padding = swizzle_atom_aligned(shared_raw) - shared_raw;
   const uint32_t base = shared_raw + padding;
   uint8_t* const base_generic = wg_shared + padding;
   const float* weights_generic = reinterpret_cast<const float*>(base_generic + kTmaWeightOffset);

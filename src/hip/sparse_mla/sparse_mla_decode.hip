@@ -138,7 +138,7 @@ DSV4_DEVICE int acc_col(int lane, int r) { return 8 * (r / 4) + 2 * (lane % 4) +
 // place the four matrices); register i then holds matrix i's elements (row g, cols 2q, 2q+1). `row`
 // must point into shared memory, 16-byte aligned.
 DSV4_DEVICE void ldmatrix_x4(uint32_t (&r)[4], const uint16_t* row) {
-  const uint32_t address = static_cast<uint32_t>(__cvta_generic_to_shared(row));
+  const uint32_t address = shared_window_address(row);
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                : "r"(address));
@@ -179,7 +179,7 @@ DSV4_DEVICE FragB load_b_kmajor(const uint16_t* base, int ld, int lane) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 750
   const int matrix = lane / 8;
   const uint16_t* row = base + (8 * (matrix % 2) + lane % 8) * ld + 8 * (matrix / 2);
-  const uint32_t address = static_cast<uint32_t>(__cvta_generic_to_shared(row));
+  const uint32_t address = shared_window_address(row);
   FragB b;
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                : "=r"(b.r[0]), "=r"(b.r[1]), "=r"(b.r[2]), "=r"(b.r[3])
@@ -504,12 +504,10 @@ DSV4_DEVICE void stage_tile(const SparseMlaDecodeArgs& args, int64_t main_count,
   // The stage is addressed by generic pointers; each copy converts its own (the address arithmetic of every
   // copy then stays independent).
   const auto copy16 = [](uint8_t* shared_dst, const uint8_t* global_src) {
-    copy_async_16(static_cast<uint32_t>(__cvta_generic_to_shared(shared_dst)), global_src);
+    copy_async_16(shared_window_address(shared_dst), global_src);
   };
   for (int c = sub; c < kStageChunks; c += kStageThreadsPerKey) copy16(dst + 16 * c, data + 16 * c);
-  if (sub == kStageThreadsPerKey - 1) {
-    copy_async_8(static_cast<uint32_t>(__cvta_generic_to_shared(dst + ds_mla::kDataBytes)), scales);
-  }
+  if (sub == kStageThreadsPerKey - 1) copy_async_8(shared_window_address(dst + ds_mla::kDataBytes), scales);
 }
 #endif
 

@@ -238,6 +238,28 @@ constexpr Fp8Format kUnitFormat = Fp8Format::kFNUZ;
 constexpr Fp8Format kUnitFormat = Fp8Format::kOCP;
 #endif
 
+// part += the products of one 64-deep half block: a, this lane's x fragments (two rows per M tile); b, its
+// weight fragments (one per N tile).
+template <int kMTiles, int kNTiles, bool kForeign>
+DSV4_DEVICE void multiply_half(float* part, const Frag16 (&a)[kMTiles][2], const Frag16* b, bool x_foreign,
+                               bool w_foreign) {
+#pragma unroll
+  for (int s = 0; s < 2; ++s) {
+#pragma unroll
+    for (int mt = 0; mt < kMTiles; ++mt) {
+#pragma unroll
+      for (int nt = 0; nt < kNTiles; ++nt) {
+        float* c = &part[(mt * kNTiles + nt) * 4];
+        if constexpr (kForeign) {
+          mma_step_foreign(c, a[mt][0], a[mt][1], b[nt], s, x_foreign, w_foreign);
+        } else {
+          mma_step(c, a[mt][0], a[mt][1], b[nt], s);
+        }
+      }
+    }
+  }
+}
+
 // 16-byte chunks a lane stages per K block on the staged path (kRing > 0): the weight fragments of its
 // kNTiles N tiles and the x fragments of its two rows in each of kMTiles M tiles, for both 64-deep halves.
 template <int kMTiles, int kNTiles>
@@ -293,7 +315,8 @@ __global__ void __launch_bounds__(kThreads) bmm_kernel(BmmA8W8MxScaleArgs args) 
   for (int nt = 0; nt < kNTiles; ++nt) {
     w_rows[nt] = args.w + group * args.w_stride_g + (n_warp + nt * kTileN + frag_row) * args.w_stride_n + segment * 16;
   }
-  const uint8_t* w_scale_row = args.w_scale + group * args.w_scale_stride_g + (n_warp / kBlockK) * args.w_scale_stride_nb;
+  const uint8_t* w_scale_row =
+      args.w_scale + group * args.w_scale_stride_g + (n_warp / kBlockK) * args.w_scale_stride_nb;
   // The accumulator rows of this lane: NVIDIA c0,c1 row gid, c2,c3 row gid + 8; AMD c_r row 4q + r (the
   // scale bytes are addressed per K block: pointers held across the loop would cost registers).
 #if defined(__AMDGCN__) || defined(__HIP_PLATFORM_AMD__)
@@ -308,6 +331,40 @@ __global__ void __launch_bounds__(kThreads) bmm_kernel(BmmA8W8MxScaleArgs args) 
   float acc[kAcc];
 #pragma unroll
   for (int i = 0; i < kAcc; ++i) acc[i] = 0.0f;
+
+  // K block kb's scale bytes: the weight's (ws) and this lane's rows' (xs; 127, a factor 1, past M).
+  const auto load_block_scales = [&](int64_t kb, uint32_t& ws, uint32_t (&xs)[kMTiles][kLaneRows]) {
+    ws = w_scale_row[kb];
+#pragma unroll
+    for (int mt = 0; mt < kMTiles; ++mt) {
+#pragma unroll
+      for (int r = 0; r < kLaneRows; ++r) {
+        const int64_t m = lane_m + mt * 16 + r * kLaneRowStep;
+        xs[mt][r] = m < args.m ? x_scale_group[m * args.x_scale_stride_m + kb] : 127u;
+      }
+    }
+  };
+  // acc += a K block's product with its scales.
+  const auto fold_block = [&](const float (&part)[kAcc], uint32_t ws, const uint32_t (&xs)[kMTiles][kLaneRows]) {
+#pragma unroll
+    for (int mt = 0; mt < kMTiles; ++mt) {
+#pragma unroll
+      for (int r = 0; r < kLaneRows; ++r) {
+        const BlockScale f = block_scale(xs[mt][r], ws, shift);
+#pragma unroll
+        for (int nt = 0; nt < kNTiles; ++nt) {
+          const float* c = &part[(mt * kNTiles + nt) * 4];
+          float* sum = &acc[(mt * kNTiles + nt) * 4];
+#if defined(__AMDGCN__) || defined(__HIP_PLATFORM_AMD__)
+          sum[r] += (c[r] * f.f1) * f.f2;
+#else
+          sum[2 * r] += (c[2 * r] * f.f1) * f.f2;
+          sum[2 * r + 1] += (c[2 * r + 1] * f.f1) * f.f2;
+#endif
+        }
+      }
+    }
+  };
 
 #if !defined(__HIPCC__)
   if constexpr (kRing > 0) {
@@ -327,7 +384,7 @@ __global__ void __launch_bounds__(kThreads) bmm_kernel(BmmA8W8MxScaleArgs args) 
         for (int half = 0; half < 2; ++half) {
 #pragma unroll
           for (int nt = 0; nt < kNTiles; ++nt) {
-            copy_async_16(static_cast<uint32_t>(__cvta_generic_to_shared(chunk + (half * kNTiles + nt) * kWarpSize)),
+            copy_async_16(shared_window_address(chunk + (half * kNTiles + nt) * kWarpSize),
                           w_rows[nt] + kb * kBlockK + half * kHalfK);
           }
 #pragma unroll
@@ -335,20 +392,12 @@ __global__ void __launch_bounds__(kThreads) bmm_kernel(BmmA8W8MxScaleArgs args) 
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
               const int c = 2 * kNTiles + (half * kMTiles + mt) * 2 + h;
-              copy_async_16_or_zeros(static_cast<uint32_t>(__cvta_generic_to_shared(chunk + c * kWarpSize)),
+              copy_async_16_or_zeros(shared_window_address(chunk + c * kWarpSize),
                                      x_rows[mt][h] + kb * kBlockK + half * kHalfK, row_ok[mt][h]);
             }
           }
         }
-        ws_ring[slot] = w_scale_row[kb];
-#pragma unroll
-        for (int mt = 0; mt < kMTiles; ++mt) {
-#pragma unroll
-          for (int r = 0; r < kLaneRows; ++r) {
-            const int64_t m = lane_m + mt * 16 + r * kLaneRowStep;
-            xs_ring[slot][mt][r] = m < args.m ? x_scale_group[m * args.x_scale_stride_m + kb] : 127u;
-          }
-        }
+        load_block_scales(kb, ws_ring[slot], xs_ring[slot]);
       }
       copy_async_commit();  // an empty group keeps the count uniform
     };
@@ -382,30 +431,9 @@ __global__ void __launch_bounds__(kThreads) bmm_kernel(BmmA8W8MxScaleArgs args) 
               a[mt][h] = Frag16{{v.x, v.y, v.z, v.w}};
             }
           }
-#pragma unroll
-          for (int s = 0; s < 2; ++s) {
-#pragma unroll
-            for (int mt = 0; mt < kMTiles; ++mt) {
-#pragma unroll
-              for (int nt = 0; nt < kNTiles; ++nt) {
-                mma_step(&part[(mt * kNTiles + nt) * 4], a[mt][0], a[mt][1], b[nt], s);
-              }
-            }
-          }
+          multiply_half<kMTiles, kNTiles, kForeign>(part, a, b, x_foreign, w_foreign);
         }
-        const uint32_t ws = ws_ring[slot];
-#pragma unroll
-        for (int mt = 0; mt < kMTiles; ++mt) {
-#pragma unroll
-          for (int r = 0; r < kLaneRows; ++r) {
-            const BlockScale f = block_scale(xs_ring[slot][mt][r], ws, shift);
-#pragma unroll
-            for (int nt = 0; nt < kNTiles; ++nt) {
-              acc[(mt * kNTiles + nt) * 4 + 2 * r] += (part[(mt * kNTiles + nt) * 4 + 2 * r] * f.f1) * f.f2;
-              acc[(mt * kNTiles + nt) * 4 + 2 * r + 1] += (part[(mt * kNTiles + nt) * 4 + 2 * r + 1] * f.f1) * f.f2;
-            }
-          }
-        }
+        fold_block(part, ws_ring[slot], xs_ring[slot]);
         // The slot is refilled once its fragments are consumed (the MMAs above read them).
         issue(slot, kb + kRing * kWarpsK);
       }
@@ -427,15 +455,7 @@ __global__ void __launch_bounds__(kThreads) bmm_kernel(BmmA8W8MxScaleArgs args) 
           b_next[half][nt] = load16<kVector>(w_rows[nt] + kb * kBlockK + half * kHalfK);
         }
       }
-      ws_next = w_scale_row[kb];
-#pragma unroll
-      for (int mt = 0; mt < kMTiles; ++mt) {
-#pragma unroll
-        for (int r = 0; r < kLaneRows; ++r) {
-          const int64_t m = lane_m + mt * 16 + r * kLaneRowStep;
-          xs_next[mt][r] = m < args.m ? x_scale_group[m * args.x_scale_stride_m + kb] : 127u;
-        }
-      }
+      load_block_scales(kb, ws_next, xs_next);
     };
     if (warp_k < k_blocks) load_b(warp_k);
 
@@ -460,7 +480,6 @@ __global__ void __launch_bounds__(kThreads) bmm_kernel(BmmA8W8MxScaleArgs args) 
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
         const int64_t k = kb * kBlockK + half * kHalfK;
-        const Frag16* b = b_block[half];
         Frag16 a[kMTiles][2];
 #pragma unroll
         for (int mt = 0; mt < kMTiles; ++mt) {
@@ -473,42 +492,10 @@ __global__ void __launch_bounds__(kThreads) bmm_kernel(BmmA8W8MxScaleArgs args) 
             }
           }
         }
-#pragma unroll
-        for (int s = 0; s < 2; ++s) {
-#pragma unroll
-          for (int mt = 0; mt < kMTiles; ++mt) {
-#pragma unroll
-            for (int nt = 0; nt < kNTiles; ++nt) {
-              float* c = &part[(mt * kNTiles + nt) * 4];
-              if constexpr (kForeign) {
-                mma_step_foreign(c, a[mt][0], a[mt][1], b[nt], s, x_foreign, w_foreign);
-              } else {
-                mma_step(c, a[mt][0], a[mt][1], b[nt], s);
-              }
-            }
-          }
-        }
+        multiply_half<kMTiles, kNTiles, kForeign>(part, a, b_block[half], x_foreign, w_foreign);
       }
-#pragma unroll
-      for (int mt = 0; mt < kMTiles; ++mt) {
-#pragma unroll
-        for (int r = 0; r < kLaneRows; ++r) {
-          const BlockScale f = block_scale(xs_block[mt][r], ws, shift);
-#pragma unroll
-          for (int nt = 0; nt < kNTiles; ++nt) {
-            float* c = &part[(mt * kNTiles + nt) * 4];
-            float* sum = &acc[(mt * kNTiles + nt) * 4];
-#if defined(__AMDGCN__) || defined(__HIP_PLATFORM_AMD__)
-            sum[r] += (c[r] * f.f1) * f.f2;
-#else
-            sum[2 * r] += (c[2 * r] * f.f1) * f.f2;
-            sum[2 * r + 1] += (c[2 * r + 1] * f.f1) * f.f2;
-#endif
-          }
-        }
-      }
+      fold_block(part, ws, xs_block);
     }
-
   }
 
   if constexpr (kSplitK) {
@@ -553,8 +540,9 @@ __global__ void __launch_bounds__(kThreads) bmm_kernel(BmmA8W8MxScaleArgs args) 
 
 // Large M: a 128 x 64 output tile per block, K in stages of 64 (two per scale block) staged through
 // shared memory while earlier stages multiply (NVIDIA: a 4-buffer cp.async ring, three stages in flight;
-// AMD: double-buffered, the next stage held in registers and stored after the multiply). Warps: (warps / 2) along M x 2 along N, each a (128 / (warps / 2)) x 32 tile (NVIDIA
-// 32 x 32 = 2 x 4 unit tiles, AMD 64 x 32 = 4 x 2). A 64-byte shared row makes a lane's 16-byte fragment
+// AMD: double-buffered, the next stage held in registers and stored after the multiply). Warps: (warps / 2)
+// along M x 2 along N, each a (128 / (warps / 2)) x 32 tile (NVIDIA 32 x 32 = 2 x 4 unit tiles, AMD 64 x 32 =
+// 4 x 2). A 64-byte shared row makes a lane's 16-byte fragment
 // reads conflict-free (the 8 lanes of a phase read 128 contiguous bytes).
 constexpr int kTileM = 128;
 constexpr int kTileNLarge = 64;
@@ -620,13 +608,13 @@ __global__ void __launch_bounds__(kThreads) bmm_tiled_kernel(BmmA8W8MxScaleArgs 
 #pragma unroll
     for (int j = 0; j < kAChunks; ++j) {
       const int c = static_cast<int>(threadIdx.x) + j * kThreads;
-      const uint32_t a_dst = static_cast<uint32_t>(__cvta_generic_to_shared(&a_stage[buffer][c * 16]));
+      const uint32_t a_dst = shared_window_address(&a_stage[buffer][c * 16]);
       copy_async_16_or_zeros(a_dst, a_src[j] + k, a_ok[j]);
     }
 #pragma unroll
     for (int j = 0; j < kBChunks; ++j) {
       const int c = static_cast<int>(threadIdx.x) + j * kThreads;
-      const uint32_t b_dst = static_cast<uint32_t>(__cvta_generic_to_shared(&b_stage[buffer][c * 16]));
+      const uint32_t b_dst = shared_window_address(&b_stage[buffer][c * 16]);
       copy_async_16(b_dst, b_src[j] + k);
     }
     copy_async_commit();
@@ -818,7 +806,6 @@ constexpr size_t wgmma_shared_bytes() {
   return static_cast<size_t>(kStages) * WgmmaShape<kWarpGroups, kBlockN>::kStageBytes + 1024;  // + alignment
 }
 
-
 template <int kWarpGroups, int kBlockN, int kStages>
 __global__ void __launch_bounds__(128 * kWarpGroups) bmm_wgmma_kernel(BmmA8W8MxScaleArgs args) {
   wait_for_previous_kernel();  // launched to overlap the kernel before it (launch_overlapping)
@@ -826,7 +813,7 @@ __global__ void __launch_bounds__(128 * kWarpGroups) bmm_wgmma_kernel(BmmA8W8MxS
   using Shape = WgmmaShape<kWarpGroups, kBlockN>;
   constexpr int kAcc = Shape::kAcc;
   extern __shared__ __align__(1024) uint8_t wgmma_shared[];
-  const uint32_t shared_base = (static_cast<uint32_t>(__cvta_generic_to_shared(wgmma_shared)) + 1023u) & ~1023u;
+  const uint32_t shared_base = swizzle_atom_aligned(shared_window_address(wgmma_shared));
   const int tid = static_cast<int>(threadIdx.x);
   const int lane = tid % 32;
   const int warp_group = tid / 128;
@@ -992,7 +979,6 @@ __global__ void __launch_bounds__(128 * kWarpGroups) bmm_wgmma_kernel(BmmA8W8MxS
 #endif
 #endif
 }
-
 
 template <int kWarpGroups, int kBlockN, int kStages>
 LaunchStatus launch_wgmma(const BmmA8W8MxScaleArgs& args, hipStream_t stream) {

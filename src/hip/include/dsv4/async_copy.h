@@ -1,6 +1,6 @@
 // Asynchronous global -> shared copies on NVIDIA (cp.async, sm_80 and later), for the kernels that stage tiles
 // through shared memory while earlier tiles are multiplied. Shared addresses are in the shared window
-// (__cvta_generic_to_shared). After copy_async_wait, a thread's completed copies are visible to itself; other
+// (shared_window_address). After copy_async_wait, a thread's completed copies are visible to itself; other
 // threads read them after a barrier, and wgmma (the async proxy) after fence_shared_writes_for_wgmma
 // (dsv4/wgmma.h) as well.
 #pragma once
@@ -9,6 +9,12 @@
 
 #if DSV4_GPU_COMPILER && !defined(__HIPCC__)
 namespace dsv4 {
+
+// A pointer into shared memory as the 32-bit shared-window address that cp.async, ldmatrix and the wgmma
+// descriptors take.
+DSV4_DEVICE uint32_t shared_window_address(const void* shared_pointer) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(shared_pointer));
+}
 
 #if defined(__CUDA_ARCH__)
 DSV4_DEVICE void copy_async_16(uint32_t shared_address, const void* global_address) {

@@ -56,6 +56,10 @@ DSV4_DEVICE uint64_t swizzled_tile_descriptor(uint32_t shared_address) {
   return static_cast<uint64_t>((shared_address & 0x3ffffu) >> 4) | (1ull << 16) | (64ull << 32) | (1ull << 62);
 }
 
+// The first 1024-byte boundary at or after a shared-window address: where the tiles in the 128-byte swizzle
+// start (the swizzle pattern repeats every 8 rows of 128 bytes).
+DSV4_DEVICE uint32_t swizzle_atom_aligned(uint32_t shared_address) { return (shared_address + 1023u) & ~1023u; }
+
 // Orders this thread's generic-proxy writes to shared memory (stores, completed cp.async copies) before later
 // wgmma reads of it, which go through the async proxy; a barrier then extends that to the block.
 DSV4_DEVICE void fence_shared_writes_for_wgmma() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
