@@ -506,8 +506,86 @@ DSV4_DEVICE void stage_tile(const SparseMlaDecodeArgs& args, int64_t main_count,
   const auto copy16 = [](uint8_t* shared_dst, const uint8_t* global_src) {
     copy_async_16(shared_window_address(shared_dst), global_src);
   };
-  for (int c = sub; c < kStageChunks; c += kStageThreadsPerKey) copy16(dst + 16 * c, data + 16 * c);
+#pragma unroll
+  for (int i = 0; i < (kStageChunks + kStageThreadsPerKey - 1) / kStageThreadsPerKey; ++i) {
+    const int c = sub + i * kStageThreadsPerKey;
+    if (c < kStageChunks) copy16(dst + 16 * c, data + 16 * c);
+  }
   if (sub == kStageThreadsPerKey - 1) copy_async_8(shared_window_address(dst + ds_mla::kDataBytes), scales);
+}
+
+// Decode of a staged tile in steps that every lane of a warp runs alike (no branch on the lane): the 448
+// NoPE dims of a key are 28 pieces of 16 values (each within one 64-dim scale block, whose scale it decodes
+// once), 896 pieces a tile, dealt to the block's threads in three and a half passes (the half pass on
+// whole warps); the 64 RoPE dims are 8 pieces of 8 bf16, one per thread.
+constexpr int kNopePieceDims = 16;
+constexpr int kNopePiecesPerKey = ds_mla::kNopeDim / kNopePieceDims;  // 28
+constexpr int kNopePieces = kTileKeys * kNopePiecesPerKey;           // 896
+constexpr int kNopePasses = (kNopePieces + kThreads - 1) / kThreads;  // 4, the last one partial
+constexpr int kRopePiecesPerKey = ds_mla::kRopeDim / kPieceDims;      // 8
+static_assert(kNopePieces % kWarpSize == 0, "the partial pass ends on a warp boundary");
+static_assert(kTileKeys * kRopePiecesPerKey == kThreads, "one RoPE piece a thread");
+
+// NoPE piece `piece` (dims [16 piece, +16)) of a staged record into its bf16 key row; table < 0: zeros.
+DSV4_DEVICE void decode_staged_nope(const uint8_t* record, int table, int piece, uint16_t* row,
+                                    const float (*tables)[256], uint32_t ocp_tables) {
+  uint4 low = make_uint4(0, 0, 0, 0);
+  uint4 high = make_uint4(0, 0, 0, 0);
+  if (table >= 0) {
+    const uint4 codes = *reinterpret_cast<const uint4*>(record + piece * kNopePieceDims);
+    const uint32_t scale_byte = record[ds_mla::kDataBytes + piece * kNopePieceDims / ds_mla::kQuantBlock];
+#if defined(DSV4_SPARSE_MLA_OCP_CONVERT)
+    if ((ocp_tables >> table) & 1u) {
+      low = decode_ocp_fp8x8(make_uint2(codes.x, codes.y), scale_byte);
+      high = decode_ocp_fp8x8(make_uint2(codes.z, codes.w), scale_byte);
+    } else
+#else
+    (void)ocp_tables;
+#endif
+    {
+      const uint32_t table_offset = static_cast<uint32_t>(table) * sizeof(tables[0]);
+      low = decode_fp8x8(make_uint2(codes.x, codes.y), scale_byte, tables, table_offset);
+      high = decode_fp8x8(make_uint2(codes.z, codes.w), scale_byte, tables, table_offset);
+    }
+  }
+  // Pieces 4..7 of each group of 8 store their halves in the other order: a quarter warp's first stores
+  // then fall on distinct banks.
+  uint16_t* dst = row + piece * kNopePieceDims;
+  if ((piece >> 2) & 1) {
+    *reinterpret_cast<uint4*>(dst + kPieceDims) = high;
+    *reinterpret_cast<uint4*>(dst) = low;
+  } else {
+    *reinterpret_cast<uint4*>(dst) = low;
+    *reinterpret_cast<uint4*>(dst + kPieceDims) = high;
+  }
+}
+
+// RoPE piece `piece` (8 bf16) of a staged record into its key row, non-finite values as +0.
+DSV4_DEVICE void copy_staged_rope(const uint8_t* record, int table, int piece, uint16_t* row) {
+  uint4 v = make_uint4(0, 0, 0, 0);
+  if (table >= 0) {
+    v = *reinterpret_cast<const uint4*>(record + ds_mla::kNopeDim + piece * 2 * kPieceDims);
+    v = make_uint4(scrub_bf16x2(v.x), scrub_bf16x2(v.y), scrub_bf16x2(v.z), scrub_bf16x2(v.w));
+  }
+  *reinterpret_cast<uint4*>(row + ds_mla::kNopeDim + piece * kPieceDims) = v;
+}
+
+// The staged tile into the bf16 key tile, by all threads of the block.
+template <class Sh>
+DSV4_DEVICE void decode_staged_tile(Sh& sh, int tid, uint32_t ocp_tables) {
+  // Two passes in flight: all four would spill the 32-head kernel (128 registers a thread).
+#pragma unroll 2
+  for (int pass = 0; pass < kNopePasses; ++pass) {
+    const int job = pass * kThreads + tid;
+    if (job < kNopePieces) {  // false only in the last pass, for whole warps
+      const int key = job / kNopePiecesPerKey;
+      decode_staged_nope(sh.stage + key * kStageStride, sh.stage_table[key], job % kNopePiecesPerKey,
+                         sh.keys + key * kKeyStride, sh.tables, ocp_tables);
+    }
+  }
+  const int key = tid / kRopePiecesPerKey;
+  copy_staged_rope(sh.stage + key * kStageStride, sh.stage_table[key], tid % kRopePiecesPerKey,
+                   sh.keys + key * kKeyStride);
 }
 #endif
 
@@ -569,8 +647,6 @@ __global__ void DSV4_SPARSE_MLA_BOUNDS sparse_mla_partial_kernel(SparseMlaDecode
   const int softmax_col = (tid % kThreadsPerRow) * kColsPerThread;
   float m = -FLT_MAX;
   float l = 0.0f;
-  const int key_lane = tid % kThreadsPerKey;
-  const int key_group = tid / kThreadsPerKey;
   const uint32_t ocp_tables =
       (args.main.format == Fp8Format::kOCP ? 1u : 0u) | (args.extra.format == Fp8Format::kOCP ? 2u : 0u);
 
@@ -617,13 +693,7 @@ __global__ void DSV4_SPARSE_MLA_BOUNDS sparse_mla_partial_kernel(SparseMlaDecode
     copy_async_wait<0>();
     __syncthreads();
     if (tid < kTileKeys) sh.key_table[tid] = sh.stage_table[tid];
-#pragma unroll
-    for (int pass = 0; pass < kPasses; ++pass) {
-      const int key = pass * kKeysPerPass + key_group;
-      const uint8_t* record = sh.stage + key * kStageStride;
-      store_key(load_key(record, record + ds_mla::kDataBytes, sh.stage_table[key], key_lane),
-                sh.keys + key * kKeyStride, key_lane, sh.tables, ocp_tables);
-    }
+    decode_staged_tile(sh, tid, ocp_tables);
     __syncthreads();
     if (tile + kTileKeys < last) {
       stage_tile(args, main_count, tile + kTileKeys, last, next_slot, sh, tid);
@@ -631,6 +701,8 @@ __global__ void DSV4_SPARSE_MLA_BOUNDS sparse_mla_partial_kernel(SparseMlaDecode
     }
     copy_async_commit();
 #else
+    const int key_lane = tid % kThreadsPerKey;
+    const int key_group = tid / kThreadsPerKey;
     if (tid < kTileKeys) {
       if (tile + tid < last) {
         locate_key(args, main_begin, main_count, extra_begin, tile + tid, sh, tid);
