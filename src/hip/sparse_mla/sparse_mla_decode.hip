@@ -8,10 +8,11 @@
 //   1. Slot lookup: negative or out-of-cache slots are marked invalid and never read; record addresses
 //      in int64 (key_record_address). NVIDIA copies the next tile's raw records into a shared stage
 //      with cp.async while the current tile is computed; AMD loads each tile's records into registers.
-//   2. 32 threads per key decode the record into a bf16 [32, 512] shared tile: NoPE bytes through a
-//      256-entry table of the cache's own encoding (OCP keys on NVIDIA: the FP8 conversion instruction)
-//      times the block's UE8M0 scale, the RoPE tail copied, every non-finite value replaced by 0 (the
-//      CPU kernel's values exactly).
+//   2. The records are decoded into a bf16 [32, 512] shared tile (NVIDIA: from the stage, each thread a
+//      16-value NoPE piece within one scale block per pass and one RoPE piece; AMD: 32 threads per key,
+//      from registers): NoPE bytes through a 256-entry table of the cache's own encoding (OCP keys on
+//      NVIDIA: the FP8 conversion instruction) times the block's UE8M0 scale, the RoPE tail copied, every
+//      non-finite value replaced by 0 (the CPU kernel's values exactly).
 //   3. S = Q K^T on the matrix units (Q in shared memory): warp w computes the 16x16 S tiles of keys
 //      [16 (w % 2), +16) over a slice of the 512 dims for every head group; the slices are summed in
 //      shared memory.
