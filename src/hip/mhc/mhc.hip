@@ -8,8 +8,10 @@
 // hi + mid + lo that sum to it exactly; the products with the bf16 stream values are then exact and only the
 // accumulation rounds, as in an fp32 dot product. With a few token blocks each block splits its chunks
 // itself; with more, one small kernel splits fn once into the workspace and the blocks copy the planes
-// (the split is most of a block's instructions otherwise). The sums of squares are products on the
-// matrix units too (a tile times its own transpose: the diagonal). The flattened row is split into k_splits
+// (the split is most of a block's instructions otherwise). The sums of squares run on the fp32 pipe beside
+// them: each lane squares its own run values, and a row's lanes add their sums in a fixed order at the end
+// (as products on the matrix units they took 2 of every 11 NVIDIA MMAs, a tile times its own transpose of
+// which only the diagonal was used). The flattened row is split into k_splits
 // slices over the grid's second dimension, so that a handful of tokens (decode) still fills the GPU; each
 // slice writes its partial sums, which the epilogue kernel adds in a fixed order (no atomics: the result
 // does not depend on scheduling).
@@ -109,12 +111,16 @@ struct FnChunk {
   }
 };
 
-// The sums of squares on the matrix units: tile q of them is the warp's A tile times its rows
-// [q * kCols, (q + 1) * kCols) as the B operand, whose diagonal holds those rows' squares. Row
-// a_row(lane, q) is q * kCols + b_col(lane) on both vendors, so the lane's A words of row q are its B words.
-constexpr int kSquareTiles = tile::kRows / tile::kCols;
-static_assert(kSquareTiles == tile::kRowsPerLane, "a lane's rows of A are its columns of the square tiles");
-using SquareTiles = float[kSquareTiles][tile::kAccumulators];
+// The lane's sums of squares of its run values, one per row of A it holds (fp32; the products are exact).
+using SquareTiles = float[tile::kRowsPerLane];
+
+// Adds the squares of two words of bf16 values (4 values) to `sum`.
+DSV4_DEVICE void add_squares(float& sum, uint32_t low, uint32_t high) {
+  const float values[4] = {bits_float(low << 16), bits_float(low & 0xffff0000u), bits_float(high << 16),
+                           bits_float(high & 0xffff0000u)};
+#pragma unroll
+  for (int j = 0; j < 4; ++j) sum = fmaf(values[j], values[j], sum);
+}
 
 // The lane's share of half `h` of one chunk (steps 2h and 2h + 1: values 8h..8h+7 of every run): its A
 // values times every column tile and plane of the chunk, and times themselves for the squares.
@@ -125,15 +131,9 @@ DSV4_DEVICE void accumulate_half(float (&acc)[FnChunk<kMixes>::kColTiles][tile::
   const int col = tile::b_col(lane);
   const int run = tile::run_of(lane);
 #pragma unroll
-  for (int step = 0; step < 2; ++step) {
-    uint32_t a[tile::kRowsPerLane][2];
-#pragma unroll
-    for (int i = 0; i < tile::kRowsPerLane; ++i) {
-      a[i][0] = step == 0 ? a_half[i].x : a_half[i].z;
-      a[i][1] = step == 0 ? a_half[i].y : a_half[i].w;
-    }
-#pragma unroll
-    for (int q = 0; q < kSquareTiles; ++q) tile::mma_step(squares[q], a, a[q]);
+  for (int i = 0; i < tile::kRowsPerLane; ++i) {
+    add_squares(squares[i], a_half[i].x, a_half[i].y);
+    add_squares(squares[i], a_half[i].z, a_half[i].w);
   }
 #pragma unroll
   for (int c = 0; c < FnChunk<kMixes>::kColTiles; ++c) {
@@ -187,15 +187,14 @@ DSV4_DEVICE void write_partials(const MhcPreArgs& args, int split, int64_t warp_
       if (token < args.tokens && mix < kMixes) partial(token)[mix] = acc[c][e];
     }
   }
-  // Each row's square is on the diagonal of one square tile, held by exactly one lane.
+  // A row's sum of squares: its run lanes' sums, added pairwise (a fixed order); the run-0 lane writes it.
 #pragma unroll
-  for (int q = 0; q < kSquareTiles; ++q) {
+  for (int i = 0; i < tile::kRowsPerLane; ++i) {
+    float sum = squares[i];
 #pragma unroll
-    for (int e = 0; e < tile::kAccumulators; ++e) {
-      const int row = tile::d_row(lane, e);
-      const int64_t token = warp_token + row;
-      if (row == q * tile::kCols + tile::d_col(lane, e) && token < args.tokens) partial(token)[kMixes] = squares[q][e];
-    }
+    for (int r = 1; r < tile::kRuns; r *= 2) sum += shuffle_xor(sum, r * tile::kRunLaneStride, kWarpSize);
+    const int64_t token = warp_token + tile::a_row(lane, i);
+    if (tile::run_of(lane) == 0 && token < args.tokens) partial(token)[kMixes] = sum;
   }
 }
 
@@ -265,10 +264,7 @@ __global__ void __launch_bounds__(kDotsWarps * kWarpSize) mhc_dots_kernel(MhcPre
       for (int e = 0; e < tile::kAccumulators; ++e) acc[m][c][e] = 0.0f;
     }
 #pragma unroll
-    for (int q = 0; q < kSquareTiles; ++q) {
-#pragma unroll
-      for (int e = 0; e < tile::kAccumulators; ++e) squares[m][q][e] = 0.0f;
-    }
+    for (int i = 0; i < tile::kRowsPerLane; ++i) squares[m][i] = 0.0f;
   }
 
   // A thread's share of one chunk: 16-byte pieces of its split image, or float4s of fn to split.

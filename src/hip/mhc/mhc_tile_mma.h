@@ -28,6 +28,7 @@ DSV4_DEVICE int b_col(int lane) { return lane % 16; }
 DSV4_DEVICE int run_of(int lane) { return lane / 16; }
 DSV4_DEVICE int d_row(int lane, int e) { return 4 * (lane / 16) + e; }
 DSV4_DEVICE int d_col(int lane, int /*e*/) { return lane % 16; }
+inline constexpr int kRunLaneStride = 16;  // the lanes of one row's runs: lane + 16 r
 #else
 // NVIDIA mma.sync m16n8k16: lane l holds rows l / 4 and l / 4 + 8 of A, column l / 4 of B, and run
 // l % 4.
@@ -38,6 +39,7 @@ DSV4_DEVICE int b_col(int lane) { return (lane % 32) / 4; }
 DSV4_DEVICE int run_of(int lane) { return lane % 4; }
 DSV4_DEVICE int d_row(int lane, int e) { return (lane % 32) / 4 + 8 * (e / 2); }
 DSV4_DEVICE int d_col(int lane, int e) { return 2 * (lane % 4) + e % 2; }
+inline constexpr int kRunLaneStride = 1;  // the lanes of one row's runs: lane + r
 #endif
 inline constexpr int kAccumulators = 4;  // fp32 accumulator values per lane and column tile
 
