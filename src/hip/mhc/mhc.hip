@@ -11,10 +11,10 @@
 // (the split is most of a block's instructions otherwise). The sums of squares run on the fp32 pipe beside
 // them: each lane squares its own run values, and a row's lanes add their sums in a fixed order at the end
 // (as products on the matrix units they took 2 of every 11 NVIDIA MMAs, a tile times its own transpose of
-// which only the diagonal was used). The flattened row is split into k_splits
-// slices over the grid's second dimension, so that a handful of tokens (decode) still fills the GPU; each
-// slice writes its partial sums, which the epilogue kernel adds in a fixed order (no atomics: the result
-// does not depend on scheduling).
+// which only the diagonal was used). The flattened row is split into k_splits slices over the grid's
+// second dimension, so that a handful of tokens (decode) still fills the GPU; each slice writes its partial
+// sums, which the epilogue kernel adds in a fixed order (no atomics: the result does not depend on
+// scheduling).
 #include "dsv4/bf16.h"
 #include "dsv4/launch.h"
 #include "mhc_launchers.h"
@@ -112,20 +112,24 @@ struct FnChunk {
 };
 
 // The lane's sums of squares of its run values, one per row of A it holds (fp32; the products are exact).
-using SquareTiles = float[tile::kRowsPerLane];
+using LaneSquares = float[tile::kRowsPerLane];
 
-// Adds the squares of two words of bf16 values (4 values) to `sum`.
+// Adds the squares of the 4 bf16 values of two words to `sum`.
 DSV4_DEVICE void add_squares(float& sum, uint32_t low, uint32_t high) {
-  const float values[4] = {bits_float(low << 16), bits_float(low & 0xffff0000u), bits_float(high << 16),
-                           bits_float(high & 0xffff0000u)};
+  const uint32_t words[2] = {low, high};
 #pragma unroll
-  for (int j = 0; j < 4; ++j) sum = fmaf(values[j], values[j], sum);
+  for (int w = 0; w < 2; ++w) {
+    const float first = bf16_bits_to_float(static_cast<uint16_t>(words[w] & 0xffffu));
+    const float second = bf16_bits_to_float(static_cast<uint16_t>(words[w] >> 16));
+    sum = fmaf(first, first, sum);
+    sum = fmaf(second, second, sum);
+  }
 }
 
 // The lane's share of half `h` of one chunk (steps 2h and 2h + 1: values 8h..8h+7 of every run): its A
 // values times every column tile and plane of the chunk, and times themselves for the squares.
 template <int kMixes>
-DSV4_DEVICE void accumulate_half(float (&acc)[FnChunk<kMixes>::kColTiles][tile::kAccumulators], SquareTiles& squares,
+DSV4_DEVICE void accumulate_half(float (&acc)[FnChunk<kMixes>::kColTiles][tile::kAccumulators], LaneSquares& squares,
                                  const uint4 (&a_half)[tile::kRowsPerLane], const FnChunk<kMixes>& chunk, int lane,
                                  int h) {
   const int col = tile::b_col(lane);
@@ -157,7 +161,7 @@ DSV4_DEVICE void accumulate_half(float (&acc)[FnChunk<kMixes>::kColTiles][tile::
 
 // The whole chunk: both halves.
 template <int kMixes>
-DSV4_DEVICE void accumulate_chunk(float (&acc)[FnChunk<kMixes>::kColTiles][tile::kAccumulators], SquareTiles& squares,
+DSV4_DEVICE void accumulate_chunk(float (&acc)[FnChunk<kMixes>::kColTiles][tile::kAccumulators], LaneSquares& squares,
                                   const uint4 (&a_runs)[tile::kRowsPerLane][2], const FnChunk<kMixes>& chunk,
                                   int lane) {
 #pragma unroll
@@ -173,7 +177,7 @@ DSV4_DEVICE void accumulate_chunk(float (&acc)[FnChunk<kMixes>::kColTiles][tile:
 template <int kMixes>
 DSV4_DEVICE void write_partials(const MhcPreArgs& args, int split, int64_t warp_token, int lane,
                                 float (&acc)[FnChunk<kMixes>::kColTiles][tile::kAccumulators],
-                                const SquareTiles& squares) {
+                                const LaneSquares& squares) {
   // Layout [token][split][mix]: the epilogue's lanes then read a token's slices contiguously.
   const auto partial = [&](int64_t token) {
     return args.partials + (token * args.k_splits + split) * partial_stride(kMixes);
@@ -249,7 +253,7 @@ __global__ void __launch_bounds__(kDotsWarps * kWarpSize) mhc_dots_kernel(MhcPre
   const uint16_t* rows[kDotsTilesPerWarp][tile::kRowsPerLane];
   bool valid[kDotsTilesPerWarp][tile::kRowsPerLane];
   float acc[kDotsTilesPerWarp][Chunk::kColTiles][tile::kAccumulators];
-  SquareTiles squares[kDotsTilesPerWarp];
+  LaneSquares squares[kDotsTilesPerWarp];
 #pragma unroll
   for (int m = 0; m < kDotsTilesPerWarp; ++m) {
 #pragma unroll
