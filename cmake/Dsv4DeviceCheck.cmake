@@ -76,3 +76,10 @@ dsv4_expect_matrix_units(wo_a_bmm_matrix_units bmm_a8w8_mxscale v_mfma_f32_16x16
 dsv4_expect_matrix_units(indexer_logits_matrix_units indexer_logits v_mfma_f32_16x16x32_fp8_fp8 ${_fp8_mma})
 dsv4_expect_matrix_units(sparse_mla_matrix_units sparse_mla_decode v_mfma_f32_16x16x16_bf16 ${_bf16_mma})
 dsv4_expect_matrix_units(mhc_matrix_units mhc v_mfma_f32_16x16x16_bf16 ${_bf16_mma})
+# gfx950 applies the wo_a GEMM's UE8M0 block scales in its block-scaled MFMA (gfx942 folds them in software),
+# and every scale operand must be a VGPR (the unit misreads an SGPR or a constant).
+add_test(NAME device_gfx950_wo_a_bmm_block_scaled_mfma
+         COMMAND ${_checker} expect-instruction v_mfma_scale_f32_16x16x128_f8f6f4
+                 ${_check_dir}/bmm_a8w8_mxscale.gfx950.s)
+add_test(NAME device_gfx950_block_scale_operands_in_vgprs
+         COMMAND ${_checker} amd-scale-operands-in-vgprs ${_check_dir}/bmm_a8w8_mxscale.gfx950.s)

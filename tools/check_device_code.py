@@ -5,6 +5,8 @@
   expect-instruction INSN FILE...     every FILE contains INSN
   amd-no-spills FILE...               AMDGPU asm metadata: no private segment (scratch), no VGPR/SGPR spills
   ptxas-no-spills LOG...              `ptxas -v` logs: no spill stores/loads and no stack frame
+  amd-scale-operands-in-vgprs FILE... every gfx950 block-scaled MFMA takes both scale bytes from VGPRs
+                                      (from an SGPR or a constant the unit reads bits [30:23] instead)
 """
 import re
 import subprocess
@@ -71,12 +73,34 @@ def ptxas_no_spills(logs):
     return 1 if bad or not functions else 0
 
 
+SCALED_MFMA = re.compile(r"^\s*(v_mfma_scale_\S+)\s+(.*?)(\s+op_sel\S*.*)?$")
+
+
+def amd_scale_operands_in_vgprs(files):
+    bad = 0
+    found = 0
+    for f in files:
+        for line in open(f):
+            match = SCALED_MFMA.match(line)
+            if not match:
+                continue
+            found += 1
+            operands = [o.strip() for o in match.group(2).split(",")]
+            scales = operands[4:6]
+            if len(scales) != 2 or not all(re.fullmatch(r"v\d+", o) for o in scales):
+                print(f"{f}: scale operands {scales} not VGPRs: {line.strip()}")
+                bad += 1
+    print(f"{found} block-scaled MFMAs checked in {len(files)} files, {bad} problems")
+    return 1 if bad or not found else 0
+
+
 def main(argv):
     commands = {
         "run-to-log": run_to_log,
         "expect-instruction": expect_instruction,
         "amd-no-spills": amd_no_spills,
         "ptxas-no-spills": ptxas_no_spills,
+        "amd-scale-operands-in-vgprs": amd_scale_operands_in_vgprs,
     }
     if len(argv) < 2 or argv[1] not in commands:
         print(__doc__)

@@ -5,10 +5,11 @@
 // Matrix units, per device pass:
 //   NVIDIA sm_89+:  mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 (OCP operands), tile 16 x 8;
 //   gfx942:         v_mfma_f32_16x16x32_fp8_fp8 on FNUZ operands, tile 16 x 16;
-//   gfx950:         the same MFMA on OCP operands (the block-scaled MFMA is a later optimisation).
-// Each 128-deep K block is multiplied into a fresh fp32 fragment, which is then folded into the running
-// fp32 sum with the block's scale 2^(xs + ws - 254) (exact: a power of two, spec §4.5). Operands in the
-// other encoding than the unit's take one more factor 2 (an FNUZ byte is worth half the OCP byte), and the
+//   gfx950:         v_mfma_scale_f32_16x16x128_f8f6f4 on OCP operands, tile 16 x 16: one instruction per
+//                   128-deep K block, the unit applying both UE8M0 bytes and accumulating in fp32.
+// Elsewhere (and on gfx950 for FNUZ operands) each 128-deep K block is multiplied into a fresh fp32
+// fragment, which is then folded into the running fp32 sum with the block's scale 2^(xs + ws - 254)
+// (exact: a power of two, spec §4.5). Operands in the other encoding than the unit's take one more factor 2 (an FNUZ byte is worth half the OCP byte), and the
 // codes that do not carry over (NaN, OCP -0, FNUZ +-240) are rewritten per fragment (to_unit_encoding).
 //
 // The k permutation: a lane loads 16 consecutive bytes of an x row and of a w row per 64-deep half block,
@@ -17,7 +18,8 @@
 // gid + 8 and B column gid take the lane's bytes [16 * tid, 16 * tid + 16) of the half; MMA s in {0, 1}
 // takes bytes 8s..8s+3 as slots 4*tid..4*tid+3 and bytes 8s+4..8s+7 as slots 16+4*tid..16+4*tid+3
 // (A registers 0/2, B registers 0/1). AMD (lane = 16 * q + i): A row i and B column i take bytes
-// [16 q, 16 q + 16); MFMA s takes bytes 8s..8s+7 as slots 8q..8q+7.
+// [16 q, 16 q + 16); MFMA s takes bytes 8s..8s+7 as slots 8q..8q+7; gfx950's block-scaled MFMA takes the
+// lane's 16 bytes of both halves as its 32 operand bytes.
 //
 // Work split (256 threads a block):
 //   * M <= 64 (decode: the op reads the weight once and is bound by it): bmm_kernel, split-K. A block owns
@@ -238,6 +240,52 @@ constexpr Fp8Format kUnitFormat = Fp8Format::kFNUZ;
 constexpr Fp8Format kUnitFormat = Fp8Format::kOCP;
 #endif
 
+// gfx950's block-scaled MFMA multiplies a whole 128-deep K block and applies both scale bytes itself, so
+// operands in the unit's encoding need no software fold there (a foreign operand's encoding shift and
+// rewritten codes keep the fold).
+#if defined(__gfx950__)
+constexpr bool kUnitAppliesBlockScales = true;
+#else
+constexpr bool kUnitAppliesBlockScales = false;
+#endif
+
+// c += 2^(xs - 127) * 2^(ws - 127) * (the products of one 128-deep K block), gfx950 only:
+// v_mfma_scale_f32_16x16x128_f8f6f4 with both operands e4m3 (format code 0). A lane's 32 operand bytes are
+// its 16-byte fragments of the block's two halves, in the same order for A and B (the k permutation of the
+// file comment). The unit reads one E8M0 byte per lane, for A row / B column lane % 16 and k group lane / 16;
+// the four k groups of a row share the block's byte. fp32 accumulation; a 255 (NaN) byte gives NaN.
+DSV4_DEVICE void mma_block_scaled(float* c, const Frag16& a_half0, const Frag16& a_half1, const Frag16& b_half0,
+                                  const Frag16& b_half1, uint32_t xs, uint32_t ws) {
+#if defined(__gfx950__)
+  typedef int Int8 __attribute__((ext_vector_type(8)));
+  typedef float Float4 __attribute__((ext_vector_type(4)));
+  const Int8 a = {static_cast<int>(a_half0.u[0]), static_cast<int>(a_half0.u[1]), static_cast<int>(a_half0.u[2]),
+                  static_cast<int>(a_half0.u[3]), static_cast<int>(a_half1.u[0]), static_cast<int>(a_half1.u[1]),
+                  static_cast<int>(a_half1.u[2]), static_cast<int>(a_half1.u[3])};
+  const Int8 b = {static_cast<int>(b_half0.u[0]), static_cast<int>(b_half0.u[1]), static_cast<int>(b_half0.u[2]),
+                  static_cast<int>(b_half0.u[3]), static_cast<int>(b_half1.u[0]), static_cast<int>(b_half1.u[1]),
+                  static_cast<int>(b_half1.u[2]), static_cast<int>(b_half1.u[3])};
+  // The scale bytes must come from VGPRs: from an SGPR or an inline constant the unit reads bits [30:23]
+  // instead, and LLVM 20 (the device check's gfx950 compiler) still allows those operand kinds there.
+  asm("" : "+v"(xs), "+v"(ws));
+  Float4 acc = {c[0], c[1], c[2], c[3]};
+  acc = __builtin_amdgcn_mfma_scale_f32_16x16x128_f8f6f4(a, b, acc, 0, 0, 0, static_cast<int>(xs), 0,
+                                                        static_cast<int>(ws));
+  c[0] = acc[0];
+  c[1] = acc[1];
+  c[2] = acc[2];
+  c[3] = acc[3];
+#else
+  (void)c;
+  (void)a_half0;
+  (void)a_half1;
+  (void)b_half0;
+  (void)b_half1;
+  (void)xs;
+  (void)ws;  // never called: only gfx950 applies block scales in the unit (kUnitAppliesBlockScales)
+#endif
+}
+
 // part += the products of one 64-deep half block: a, this lane's x fragments (two rows per M tile); b, its
 // weight fragments (one per N tile).
 template <int kMTiles, int kNTiles, bool kForeign>
@@ -297,6 +345,7 @@ __global__ void __launch_bounds__(kThreads) bmm_kernel(BmmA8W8MxScaleArgs args) 
   const int shift = encoding_shift(args);
   const bool x_foreign = kForeign && args.x_format != kUnitFormat;
   const bool w_foreign = kForeign && args.w_format != kUnitFormat;
+  constexpr bool kHardwareScales = kUnitAppliesBlockScales && !kForeign;
 
   // Row pointers of this lane's fragments (rows past M read row 0's... never: they are masked to zero).
   const uint8_t* x_rows[kMTiles][2];
@@ -332,15 +381,22 @@ __global__ void __launch_bounds__(kThreads) bmm_kernel(BmmA8W8MxScaleArgs args) 
 #pragma unroll
   for (int i = 0; i < kAcc; ++i) acc[i] = 0.0f;
 
-  // K block kb's scale bytes: the weight's (ws) and this lane's rows' (xs; 127, a factor 1, past M).
+  // K block kb's scale bytes: the weight's (ws) and this lane's rows' (xs; 127, a factor 1, past M): its
+  // accumulator rows where the block is folded in software, its A fragment row (xs[mt][0]) where the unit
+  // applies the scales.
   const auto load_block_scales = [&](int64_t kb, uint32_t& ws, uint32_t (&xs)[kMTiles][kLaneRows]) {
     ws = w_scale_row[kb];
 #pragma unroll
     for (int mt = 0; mt < kMTiles; ++mt) {
+      if constexpr (kHardwareScales) {
+        const int64_t m = m0 + mt * 16 + frag_row;
+        xs[mt][0] = m < args.m ? x_scale_group[m * args.x_scale_stride_m + kb] : 127u;
+      } else {
 #pragma unroll
-      for (int r = 0; r < kLaneRows; ++r) {
-        const int64_t m = lane_m + mt * 16 + r * kLaneRowStep;
-        xs[mt][r] = m < args.m ? x_scale_group[m * args.x_scale_stride_m + kb] : 127u;
+        for (int r = 0; r < kLaneRows; ++r) {
+          const int64_t m = lane_m + mt * 16 + r * kLaneRowStep;
+          xs[mt][r] = m < args.m ? x_scale_group[m * args.x_scale_stride_m + kb] : 127u;
+        }
       }
     }
   };
@@ -474,27 +530,47 @@ __global__ void __launch_bounds__(kThreads) bmm_kernel(BmmA8W8MxScaleArgs args) 
         for (int r = 0; r < kLaneRows; ++r) xs_block[mt][r] = xs_next[mt][r];
       }
       if (kb + kWarpsK < k_blocks) load_b(kb + kWarpsK);
-      float part[kAcc];
+      if constexpr (kHardwareScales) {
+        Frag16 a[2][kMTiles];  // [half][mt]: AMD fragments hold one row (a_hi unused)
 #pragma unroll
-      for (int i = 0; i < kAcc; ++i) part[i] = 0.0f;
+        for (int half = 0; half < 2; ++half) {
 #pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const int64_t k = kb * kBlockK + half * kHalfK;
-        Frag16 a[kMTiles][2];
+          for (int mt = 0; mt < kMTiles; ++mt) {
+            a[half][mt] = row_ok[mt][0] ? load16<kVector>(x_rows[mt][0] + kb * kBlockK + half * kHalfK)
+                                        : Frag16{{0u, 0u, 0u, 0u}};
+          }
+        }
 #pragma unroll
         for (int mt = 0; mt < kMTiles; ++mt) {
 #pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            if (row_ok[mt][h]) {
-              a[mt][h] = load16<kVector>(x_rows[mt][h] + k);
-            } else {
-              a[mt][h] = Frag16{{0u, 0u, 0u, 0u}};
-            }
+          for (int nt = 0; nt < kNTiles; ++nt) {
+            mma_block_scaled(&acc[(mt * kNTiles + nt) * 4], a[0][mt], a[1][mt], b_block[0][nt], b_block[1][nt],
+                             xs_block[mt][0], ws);
           }
         }
-        multiply_half<kMTiles, kNTiles, kForeign>(part, a, b_block[half], x_foreign, w_foreign);
+      } else {
+        float part[kAcc];
+#pragma unroll
+        for (int i = 0; i < kAcc; ++i) part[i] = 0.0f;
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          const int64_t k = kb * kBlockK + half * kHalfK;
+          Frag16 a[kMTiles][2];
+#pragma unroll
+          for (int mt = 0; mt < kMTiles; ++mt) {
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+              if (row_ok[mt][h]) {
+                a[mt][h] = load16<kVector>(x_rows[mt][h] + k);
+              } else {
+                a[mt][h] = Frag16{{0u, 0u, 0u, 0u}};
+              }
+            }
+          }
+          multiply_half<kMTiles, kNTiles, kForeign>(part, a, b_block[half], x_foreign, w_foreign);
+        }
+        fold_block(part, ws, xs_block);
       }
-      fold_block(part, ws, xs_block);
     }
   }
 
@@ -682,6 +758,20 @@ __global__ void __launch_bounds__(kThreads) bmm_tiled_kernel(BmmA8W8MxScaleArgs 
     float part[kAcc];
 #pragma unroll
     for (int i = 0; i < kAcc; ++i) part[i] = 0.0f;
+    // gfx950: the unit applies the block's scales, so a lane's half-0 fragments wait in registers until
+    // its half-1 fragments are read, and the block's scale bytes (the lane's A fragment rows') come first.
+    Frag16 a_held[2][kMTiles];
+    Frag16 b_held[2][kNTiles];
+    uint32_t ws_held = 127u;
+    uint32_t xs_held[kMTiles];
+    if constexpr (kUnitAppliesBlockScales) {
+      ws_held = w_scale_row[kb];
+#pragma unroll
+      for (int mt = 0; mt < kMTiles; ++mt) {
+        const int64_t m = m0 + warp_m * (kMTiles * 16) + mt * 16 + frag_row;
+        xs_held[mt] = m < args.m ? x_scale_group[m * args.x_scale_stride_m + kb] : 127u;
+      }
+    }
 #pragma unroll
     for (int half = 0; half < 2; ++half) {  // stage 2 kb + half lives in buffer stage % kStages
       const int64_t stage = 2 * kb + half;
@@ -706,23 +796,44 @@ __global__ void __launch_bounds__(kThreads) bmm_tiled_kernel(BmmA8W8MxScaleArgs 
         const uint4 v = *reinterpret_cast<const uint4*>(&b_stage[buffer][row * kStageK + segment * 16]);
         b[nt] = Frag16{{v.x, v.y, v.z, v.w}};
       }
+      if constexpr (kUnitAppliesBlockScales) {
 #pragma unroll
-      for (int mt = 0; mt < kMTiles; ++mt) {
-        Frag16 a[2];
+        for (int nt = 0; nt < kNTiles; ++nt) b_held[half][nt] = b[nt];
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const int row = warp_m * (kMTiles * 16) + mt * 16 + frag_row + (kLaneRows == 2 ? 8 * h : 0);
-          if (h == 0 || kLaneRows == 2) {
-            const uint4 v = *reinterpret_cast<const uint4*>(&a_stage[buffer][row * kStageK + segment * 16]);
-            a[h] = Frag16{{v.x, v.y, v.z, v.w}};
-          } else {
-            a[h] = a[0];
+        for (int mt = 0; mt < kMTiles; ++mt) {
+          const int row = warp_m * (kMTiles * 16) + mt * 16 + frag_row;
+          const uint4 v = *reinterpret_cast<const uint4*>(&a_stage[buffer][row * kStageK + segment * 16]);
+          a_held[half][mt] = Frag16{{v.x, v.y, v.z, v.w}};
+        }
+        if (half == 1) {
+#pragma unroll
+          for (int mt = 0; mt < kMTiles; ++mt) {
+#pragma unroll
+            for (int nt = 0; nt < kNTiles; ++nt) {
+              mma_block_scaled(&acc[(mt * kNTiles + nt) * 4], a_held[0][mt], a_held[1][mt], b_held[0][nt],
+                               b_held[1][nt], xs_held[mt], ws_held);
+            }
           }
         }
+      } else {
 #pragma unroll
-        for (int s = 0; s < 2; ++s) {
+        for (int mt = 0; mt < kMTiles; ++mt) {
+          Frag16 a[2];
 #pragma unroll
-          for (int nt = 0; nt < kNTiles; ++nt) mma_step(&part[(mt * kNTiles + nt) * 4], a[0], a[1], b[nt], s);
+          for (int h = 0; h < 2; ++h) {
+            const int row = warp_m * (kMTiles * 16) + mt * 16 + frag_row + (kLaneRows == 2 ? 8 * h : 0);
+            if (h == 0 || kLaneRows == 2) {
+              const uint4 v = *reinterpret_cast<const uint4*>(&a_stage[buffer][row * kStageK + segment * 16]);
+              a[h] = Frag16{{v.x, v.y, v.z, v.w}};
+            } else {
+              a[h] = a[0];
+            }
+          }
+#pragma unroll
+          for (int s = 0; s < 2; ++s) {
+#pragma unroll
+            for (int nt = 0; nt < kNTiles; ++nt) mma_step(&part[(mt * kNTiles + nt) * 4], a[0], a[1], b[nt], s);
+          }
         }
       }
 #if !defined(__CUDA_ARCH__)
@@ -730,24 +841,26 @@ __global__ void __launch_bounds__(kThreads) bmm_tiled_kernel(BmmA8W8MxScaleArgs 
       __syncthreads();
 #endif
     }
-    const uint32_t ws = w_scale_row[kb];
+    if constexpr (!kUnitAppliesBlockScales) {  // the software fold (gfx950: done by the unit)
+      const uint32_t ws = w_scale_row[kb];
 #pragma unroll
-    for (int mt = 0; mt < kMTiles; ++mt) {
+      for (int mt = 0; mt < kMTiles; ++mt) {
 #pragma unroll
-      for (int r = 0; r < kLaneRows; ++r) {
-        const int64_t m = lane_m + mt * 16 + r * kLaneRowStep;
-        const uint32_t xs = m < args.m ? x_scale_group[m * args.x_scale_stride_m + kb] : 127u;
-        const BlockScale f = block_scale(xs, ws, shift);
+        for (int r = 0; r < kLaneRows; ++r) {
+          const int64_t m = lane_m + mt * 16 + r * kLaneRowStep;
+          const uint32_t xs = m < args.m ? x_scale_group[m * args.x_scale_stride_m + kb] : 127u;
+          const BlockScale f = block_scale(xs, ws, shift);
 #pragma unroll
-        for (int nt = 0; nt < kNTiles; ++nt) {
-          const float* c = &part[(mt * kNTiles + nt) * 4];
-          float* sum = &acc[(mt * kNTiles + nt) * 4];
+          for (int nt = 0; nt < kNTiles; ++nt) {
+            const float* c = &part[(mt * kNTiles + nt) * 4];
+            float* sum = &acc[(mt * kNTiles + nt) * 4];
 #if defined(__AMDGCN__) || defined(__HIP_PLATFORM_AMD__)
-          sum[r] += (c[r] * f.f1) * f.f2;
+            sum[r] += (c[r] * f.f1) * f.f2;
 #else
-          sum[2 * r] += (c[2 * r] * f.f1) * f.f2;
-          sum[2 * r + 1] += (c[2 * r + 1] * f.f1) * f.f2;
+            sum[2 * r] += (c[2 * r] * f.f1) * f.f2;
+            sum[2 * r + 1] += (c[2 * r + 1] * f.f1) * f.f2;
 #endif
+          }
         }
       }
     }
