@@ -815,6 +815,34 @@ def test_bmm_reduced_precision_block_sums_flag(device):
 
 
 @gpu
+def test_gpu_reduced_sums_fold_single_and_two_factor_scales():
+    """The sm_90a wgmma kernel folds a block whose factor 2^(xs + ws - 254) is a normal float with one fused
+    multiply-add and any other block (factor below 2^-126, a 255 byte) through block_scale's two factors:
+    rows of both kinds in one warp, at a size it serves (64 x 64 tiles), against the fp64 reference."""
+    m, groups, n, k = 64, 8, 512, 512
+    x, x_scale = quantized_activation(m, groups, k, seed=92)
+    w, w_scale = quantized_weight(groups, n, k, seed=93)
+    w_scale = torch.full_like(w_scale, 60)
+    x_scale = torch.full_like(x_scale, 170)  # 2^(170 + 60 - 254) = 2^-24: one factor
+    # A thread holds rows r and r + 8 of its 16-row slice: rows 5 and 13 share one, 6 and 14 another.
+    x_scale[5] = 61  # 2^-133 = 2^-126 * 2^-7: two factors, for every block of the row
+    x_scale[13, :, 1] = 61  # one block of the partner row too
+    x_scale[14, :, 2] = 62  # one block of a row whose partner (6) stays on one factor
+    x_scale[12] = 68  # 2^-126: the smallest single factor
+    want = reference.bmm_a8w8_mxscale(x, w, x_scale, w_scale, torch.float64)
+    operands = [t.cuda() for t in (x, w, x_scale, w_scale)]
+    got = torch.ops.dsv4.bmm_a8w8_mxscale(*operands, torch.float32, reduced_precision_block_sums=True)
+    assert bool(torch.isfinite(got).all())
+    assert_reduced_sums_close(got.cpu(), x, w, x_scale, w_scale, want)
+    operands[2][20, 3, 2] = 255  # E8M0 NaN: row 20 of group 3 is NaN, every other entry keeps its bits
+    with_nan = torch.ops.dsv4.bmm_a8w8_mxscale(*operands, torch.float32, reduced_precision_block_sums=True)
+    expected_nan = torch.zeros_like(with_nan, dtype=torch.bool)
+    expected_nan[20, 3] = True
+    assert torch.equal(torch.isnan(with_nan), expected_nan)
+    assert torch.equal(with_nan[~expected_nan].view(torch.int32), got[~expected_nan].view(torch.int32))
+
+
+@gpu
 @pytest.mark.parametrize("m", [1, 5, 40, 100])
 def test_gpu_bmm_equals_cpu_kernel_fp32_and_unaligned(m):
     """The GPU product against the CPU kernel (fp32 sums in another order: a few ulps), on aligned

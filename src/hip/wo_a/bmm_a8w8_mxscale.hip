@@ -951,14 +951,20 @@ __global__ void __launch_bounds__(128 * kWarpGroups) bmm_wgmma_kernel(BmmA8W8MxS
       args.w + group * args.w_stride_g + (n0 + tid / 8) * args.w_stride_n + (tid % 8) * 16;
   const int64_t a_copy_step = kRowsPerCopy * args.x_stride_m;
   const int64_t b_copy_step = kRowsPerCopy * args.w_stride_n;
+  // This thread's A copies below row M (the rest are zero-filled, not read), counted once.
+  const int64_t rows_left = args.m - first_a_row;
+  const int a_copies_inside =
+      rows_left <= 0 ? 0 : static_cast<int>(rows_left >= kACopies * kRowsPerCopy ? kACopies
+                                                                               : (rows_left + kRowsPerCopy - 1) / kRowsPerCopy);
   const auto issue_stage = [&](int64_t kb) {
     const uint32_t stage = shared_base + static_cast<uint32_t>(kb % kStages) * Shape::kStageBytes + copy_offset;
+    const uint8_t* a_block = a_source + kb * kBlockK;
 #pragma unroll
     for (int j = 0; j < Shape::kChunks; ++j) {
       const uint32_t target = stage + j * Shape::kThreads * 16;
       if (j < kACopies) {
-        const bool inside = first_a_row + j * kRowsPerCopy < args.m;  // rows past M are zero-filled, not read
-        copy_async_16_or_zeros(target, inside ? a_source + j * a_copy_step + kb * kBlockK : args.x, inside);
+        const bool inside = j < a_copies_inside;
+        copy_async_16_or_zeros(target, inside ? a_block + j * a_copy_step : args.x, inside);
       } else {
         copy_async_16(target, b_source + (j - kACopies) * b_copy_step + kb * kBlockK);
       }
@@ -984,7 +990,21 @@ __global__ void __launch_bounds__(128 * kWarpGroups) bmm_wgmma_kernel(BmmA8W8MxS
     hi = x_scale_hi != nullptr ? x_scale_hi[kb] : 127u;
     w = w_scale_row[kb];
   };
+  // One warp group a multiprocessor at small M issues every instruction of a K block's step itself, so the
+  // usual case takes the short path: both rows' factors 2^(xs + ws - 254 + shift) normal floats and no NaN
+  // byte, one fused multiply-add per entry (product * f is exact there, so it rounds as the two-step form,
+  // unless the scaled product leaves the normal range); otherwise block_scale's two factors.
   const auto fold = [&](float (&product)[kAcc], float (&sum)[kAcc], uint32_t xs_lo, uint32_t xs_hi, uint32_t ws) {
+    const int e_lo = static_cast<int>(xs_lo + ws) - 254 + shift;
+    const int e_hi = static_cast<int>(xs_hi + ws) - 254 + shift;
+    const bool normal = e_lo >= -126 && e_lo <= 127 && e_hi >= -126 && e_hi <= 127;
+    if (normal && xs_lo != kUe8m0NaN && xs_hi != kUe8m0NaN && ws != kUe8m0NaN) {
+      const float f_lo = bits_float(static_cast<uint32_t>(e_lo + 127) << 23);
+      const float f_hi = bits_float(static_cast<uint32_t>(e_hi + 127) << 23);
+#pragma unroll
+      for (int i = 0; i < kAcc; ++i) sum[i] = fmaf(product[i], (i % 4) < 2 ? f_lo : f_hi, sum[i]);
+      return;
+    }
     const BlockScale f_lo = block_scale(xs_lo, ws, shift);
     const BlockScale f_hi = block_scale(xs_hi, ws, shift);
 #pragma unroll
@@ -1025,14 +1045,14 @@ __global__ void __launch_bounds__(128 * kWarpGroups) bmm_wgmma_kernel(BmmA8W8MxS
     load_scales(kb, xs_lo, xs_hi, ws);
 
     const uint32_t stage = shared_base + static_cast<uint32_t>(kb % kStages) * Shape::kStageBytes;
-    const uint32_t a_tile = stage + warp_group * 64 * kBlockK;
-    const uint32_t b_tile = stage + Shape::kBlockM * kBlockK;
+    const uint64_t a_tile = swizzled_tile_descriptor(stage + warp_group * 64 * kBlockK);
+    const uint64_t b_tile = swizzled_tile_descriptor(stage + Shape::kBlockM * kBlockK);
     pin_registers(product);
     asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
 #pragma unroll
     for (int s = 0; s < kBlockK / 32; ++s) {
-      const uint64_t a_desc = swizzled_tile_descriptor(a_tile + 32 * s);
-      const uint64_t b_desc = swizzled_tile_descriptor(b_tile + 32 * s);
+      const uint64_t a_desc = descriptor_advanced(a_tile, 32 * s);
+      const uint64_t b_desc = descriptor_advanced(b_tile, 32 * s);
       if constexpr (kBlockN == 128) {
         wgmma_m64n128k32(product, a_desc, b_desc, s > 0 ? 1u : 0u);
       } else {

@@ -56,6 +56,11 @@ DSV4_DEVICE uint64_t swizzled_tile_descriptor(uint32_t shared_address) {
   return static_cast<uint64_t>((shared_address & 0x3ffffu) >> 4) | (1ull << 16) | (64ull << 32) | (1ull << 62);
 }
 
+// The descriptor of the tile `bytes` further along K (a multiple of 16) from the one `descriptor` names:
+// its start-address field (address / 16, 14 bits) advances without a carry, shared-window addresses
+// being below 256 KiB. One add instead of recomputing the fields.
+DSV4_DEVICE uint64_t descriptor_advanced(uint64_t descriptor, uint32_t bytes) { return descriptor + (bytes >> 4); }
+
 // The first 1024-byte boundary at or after a shared-window address: where the tiles in the 128-byte swizzle
 // start (the swizzle pattern repeats every 8 rows of 128 bytes).
 DSV4_DEVICE uint32_t swizzle_atom_aligned(uint32_t shared_address) { return (shared_address + 1023u) & ~1023u; }
