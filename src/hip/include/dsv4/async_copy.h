@@ -20,6 +20,12 @@ DSV4_DEVICE uint32_t shared_window_address(const void* shared_pointer) {
 DSV4_DEVICE void copy_async_16(uint32_t shared_address, const void* global_address) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(shared_address), "l"(global_address) : "memory");
 }
+// copy_async_16 for a stream read once in pieces (a weight's rows, a K block at a time): the hint has the
+// device-wide cache fetch the whole 256-byte span around the piece, so the DRAM sees longer runs of a row.
+DSV4_DEVICE void copy_async_16_stream(uint32_t shared_address, const void* global_address) {
+  asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16;\n" ::"r"(shared_address), "l"(global_address)
+               : "memory");
+}
 // 16 bytes where `present`, else 16 zero bytes (nothing is read).
 DSV4_DEVICE void copy_async_16_or_zeros(uint32_t shared_address, const void* global_address, bool present) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(shared_address), "l"(global_address),
