@@ -45,8 +45,9 @@ _logged: set = set()
 # Devices not listed take "fp8_kernel". Tune the rows from bench/bench_wo_a.py on the target GPU.
 # cuda: H200 (2026-12-01; N = 1024, K = 4096), end-to-end wo_a_forward times in graph replay, quantization included,
 # one weight per input set (us; our kernel with reduced-precision block sums as the forward runs it / the BF16 path /
-# cuBLAS block-scaled FP8): G=8 ours to T = 256 (19.9 / 29.3 / 155 at 64; 43.2 / 48.2 / 167 at 256), the BF16 path
-# at 512 and 1024 (82.0 / 80.6 / 183; 157 / 156 / 206), cuBLAS from 4096 (wo_a_cuda.md: 443 vs 611 BF16 path);
+# cuBLAS block-scaled FP8): G=8 ours to T = 1024 (19.9 / 29.3 / 155 at 64; 40.7 / 49.2 / 168 at 256; 74.5 / 80.0 /
+# 182 at 512; 144.5 / 157.5 / 206 at 1024, since the wgmma kernel's one-factor fold), cuBLAS from 4096 (440 vs 538
+# ours, 606 BF16 path);
 # G=16 ours to T = 1024 (81.2 / 88.9 at 256; 301 / 314 / 388 at 1024), cuBLAS from 4096 (852 vs 1185);
 # G=2 ours at 1024 (40.9 / 42.9 / 68.3), cuBLAS from 4096 (131 vs 150 ours, 158); G=1: the BF16 path at 4096
 # (68.4 vs 78.6 ours, 75.9 cuBLAS), cuBLAS at 16384 (225 vs 270 BF16, 290 ours); ours below 4096 from the GEMM
@@ -56,7 +57,7 @@ WO_A_GEMM_PATHS = {
     "cuda": {
         1: ((1024, "fp8_kernel"), (4096, "bf16"), (None, "vendor_fp8")),
         2: ((1024, "fp8_kernel"), (None, "vendor_fp8")),
-        8: ((256, "fp8_kernel"), (1024, "bf16"), (None, "vendor_fp8")),
+        8: ((1024, "fp8_kernel"), (None, "vendor_fp8")),
         16: ((1024, "fp8_kernel"), (None, "vendor_fp8")),
     },
     "cpu": {1: ((None, "fp8_kernel"),)},
