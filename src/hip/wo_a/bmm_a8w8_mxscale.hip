@@ -1185,7 +1185,7 @@ LaunchStatus launch_bmm_a8w8_mxscale(const BmmA8W8MxScaleArgs& args, void* strea
 #if !defined(__HIPCC__)
   // sm_90a with reduced-precision block sums allowed: the wgmma kernel where it beats the kernels below
   // (H200, N = 1024, K = 4096): 128 x 128 tiles above M = 64 when there are at least 128 of them (M = 4096,
-  // G = 8: 515 us against 1442), else 64 x 128 tiles from M = 17 when there are 128 of them (M = 64,
+  // G = 8: 438 us against 1458), else 64 x 128 tiles from M = 17 when there are 128 of them (M = 64,
   // G = 16: 25 us against 92), else 64 x 64 tiles with at least 64 of them (M = 64, G = 8: 16 us against
   // 46). Up to M = 16, and with fewer tiles (M <= 64 at G <= 2), the split-K kernel keeps the lead (M = 16,
   // G = 8: 13.5 us against 16.7; M = 64, G = 1: 6.6 against 16.4).
