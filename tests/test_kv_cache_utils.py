@@ -56,16 +56,17 @@ def test_gather_matches_reference(device, fmt):
     reference.quantize_and_insert_k_cache(k, cache, torch.arange(blocks * block_size), block_size, fmt)
     cache[2, 5] = 0x80  # an OCP -0 byte (FNUZ NaN) in a record
     cache[3, block_size * 576 + 3] = 255  # an E8M0 NaN scale
-    seq_lens = torch.tensor([40, 16, 0, 33, 7], dtype=torch.int32)
-    gather_lens = torch.tensor([40, 5, 3, 100, -2], dtype=torch.int32)
-    block_table = torch.tensor([[3, 1, 2, 0], [5, 6, 7, 4], [0, 0, 0, 0], [7, 99, -1, 2], [6, 1, 1, 1]],
-                               dtype=torch.int32)
+    # The last request is longer than the rows left at offset 3: its gather starts past its first row.
+    seq_lens = torch.tensor([40, 16, 0, 33, 7, 44], dtype=torch.int32)
+    gather_lens = torch.tensor([40, 5, 3, 100, -2, 10], dtype=torch.int32)
+    block_table = torch.tensor([[3, 1, 2, 0], [5, 6, 7, 4], [0, 0, 0, 0], [7, 99, -1, 2], [6, 1, 1, 1],
+                                [2, 3, 0, 1]], dtype=torch.int32)
     for lens in (gather_lens, None):
         for offset in (0, 3):
-            expected = torch.full((5, 45, 512), 7.0, dtype=torch.bfloat16)
+            expected = torch.full((6, 45, 512), 7.0, dtype=torch.bfloat16)
             reference.dequantize_and_gather_k_cache(expected, cache, seq_lens, lens, block_table, block_size, offset,
                                                     fmt)
-            out = torch.full((5, 45, 512), 7.0, dtype=torch.bfloat16, device=device)
+            out = torch.full((6, 45, 512), 7.0, dtype=torch.bfloat16, device=device)
             torch.ops.dsv4.dequantize_and_gather_k_cache(out, cache.to(device), seq_lens.to(device),
                                                          None if lens is None else lens.to(device),
                                                          block_table.to(device), block_size, offset, int(fmt))
