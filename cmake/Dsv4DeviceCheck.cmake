@@ -60,26 +60,28 @@ foreach(_src IN LISTS DSV4OPS_KERNEL_SOURCES)
 endforeach()
 add_test(NAME device_sm_90a_no_spills COMMAND ${_checker} ptxas-no-spills ${_ptxas_logs})
 
-# The kernels that must run on the matrix units: the MFMA instruction in both AMD code objects and the
-# MMA instruction in the PTX of `source` (a kernel file's name without extension).
-function(dsv4_expect_matrix_units test_name source amd_instruction ptx_instruction)
-  foreach(_arch gfx942 gfx950)
-    add_test(NAME device_${_arch}_${test_name}
-             COMMAND ${_checker} expect-instruction ${amd_instruction} ${_check_dir}/${source}.${_arch}.s)
-  endforeach()
+# The kernels that must run on the matrix units: the MFMA instruction in each AMD code object (gfx950 has
+# its own where a kernel has a form for them: the wo_a GEMM's block-scaled MFMA, the unit applying the UE8M0
+# block scales that gfx942 folds in software; the double-rate FP8 MFMA of the indexer's 128-dim logits; the
+# double-rate bf16 MFMA of the mHC dot products) and the MMA instruction in the PTX of `source` (a kernel
+# file's name without extension).
+function(dsv4_expect_matrix_units test_name source gfx942_instruction gfx950_instruction ptx_instruction)
+  add_test(NAME device_gfx942_${test_name}
+           COMMAND ${_checker} expect-instruction ${gfx942_instruction} ${_check_dir}/${source}.gfx942.s)
+  add_test(NAME device_gfx950_${test_name}
+           COMMAND ${_checker} expect-instruction ${gfx950_instruction} ${_check_dir}/${source}.gfx950.s)
   add_test(NAME device_sm_90a_${test_name}
            COMMAND ${_checker} expect-instruction ${ptx_instruction} ${_check_dir}/${source}.sm_90a.ptx)
 endfunction()
 set(_fp8_mma mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32)
 set(_bf16_mma mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32)
-dsv4_expect_matrix_units(wo_a_bmm_matrix_units bmm_a8w8_mxscale v_mfma_f32_16x16x32_fp8_fp8 ${_fp8_mma})
-dsv4_expect_matrix_units(indexer_logits_matrix_units indexer_logits v_mfma_f32_16x16x32_fp8_fp8 ${_fp8_mma})
-dsv4_expect_matrix_units(sparse_mla_matrix_units sparse_mla_decode v_mfma_f32_16x16x16_bf16 ${_bf16_mma})
-dsv4_expect_matrix_units(mhc_matrix_units mhc v_mfma_f32_16x16x16_bf16 ${_bf16_mma})
-# gfx950 applies the wo_a GEMM's UE8M0 block scales in its block-scaled MFMA (gfx942 folds them in software),
-# and every scale operand must be a VGPR (the unit misreads an SGPR or a constant).
-add_test(NAME device_gfx950_wo_a_bmm_block_scaled_mfma
-         COMMAND ${_checker} expect-instruction v_mfma_scale_f32_16x16x128_f8f6f4
-                 ${_check_dir}/bmm_a8w8_mxscale.gfx950.s)
+dsv4_expect_matrix_units(wo_a_bmm_matrix_units bmm_a8w8_mxscale v_mfma_f32_16x16x32_fp8_fp8
+                         v_mfma_scale_f32_16x16x128_f8f6f4 ${_fp8_mma})
+dsv4_expect_matrix_units(indexer_logits_matrix_units indexer_logits v_mfma_f32_16x16x32_fp8_fp8
+                         v_mfma_f32_16x16x128_f8f6f4 ${_fp8_mma})
+dsv4_expect_matrix_units(sparse_mla_matrix_units sparse_mla_decode v_mfma_f32_16x16x16_bf16
+                         v_mfma_f32_16x16x16_bf16 ${_bf16_mma})
+dsv4_expect_matrix_units(mhc_matrix_units mhc v_mfma_f32_16x16x16_bf16 v_mfma_f32_16x16x32_bf16 ${_bf16_mma})
+# Every block-scaled MFMA takes its scale bytes from VGPRs (the unit misreads an SGPR or a constant).
 add_test(NAME device_gfx950_block_scale_operands_in_vgprs
          COMMAND ${_checker} amd-scale-operands-in-vgprs ${_check_dir}/bmm_a8w8_mxscale.gfx950.s)

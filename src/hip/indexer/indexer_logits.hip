@@ -12,7 +12,8 @@
 // weights on the accumulator fragments, reduces over the lanes that hold the other heads, and writes one
 // logit per key.
 //   * NVIDIA sm_89+: mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32, 8 keys per sub-tile.
-//   * gfx942/gfx950: __builtin_amdgcn_mfma_f32_16x16x32_fp8_fp8, 16 keys per sub-tile.
+//   * gfx942/gfx950: __builtin_amdgcn_mfma_f32_16x16x32_fp8_fp8, 16 keys per sub-tile; on gfx950 at 128
+//     dims the double-rate v_mfma_f32_16x16x128_f8f6f4 instead (one per 16 heads: a lane's 32 bytes).
 // Because a dot product does not depend on the order of its terms, a lane's operand bytes are a
 // contiguous slice of the row (lane part p holds bytes [p * D/4, (p+1) * D/4) of its head row and of its
 // key row) rather than the ISA's k order: A and B use the same permutation of d.
@@ -283,12 +284,34 @@ DSV4_DEVICE void row_logits(const uint8_t* q, int64_t head_stride, const float* 
     floatx4 acc[HT];
 #pragma unroll
     for (int ht = 0; ht < HT; ++ht) acc[ht] = floatx4{0.0f, 0.0f, 0.0f, 0.0f};
+#if defined(__gfx950__)
+    if constexpr (KS % 4 == 0) {
+      // The block-scaled MFMA's form without scales (immediate zero scale operands select it), both operands
+      // e4m3 (format code 0): a lane's four 8-byte words of each operand as its 32 bytes.
+      typedef int Int8 __attribute__((ext_vector_type(8)));
+      const auto words32 = [](const uint64_t* w) {
+        return Int8{static_cast<int>(w[0]), static_cast<int>(w[0] >> 32), static_cast<int>(w[1]),
+                    static_cast<int>(w[1] >> 32), static_cast<int>(w[2]), static_cast<int>(w[2] >> 32),
+                    static_cast<int>(w[3]), static_cast<int>(w[3] >> 32)};
+      };
 #pragma unroll
-    for (int s = 0; s < KS; ++s) {
+      for (int s = 0; s < KS; s += 4) {
+        const Int8 bw = words32(&b[s]);
 #pragma unroll
-      for (int ht = 0; ht < HT; ++ht) {
-        acc[ht] = __builtin_amdgcn_mfma_f32_16x16x32_fp8_fp8(static_cast<long>(a[ht][s]), static_cast<long>(b[s]),
-                                                             acc[ht], 0, 0, 0);
+        for (int ht = 0; ht < HT; ++ht) {
+          acc[ht] = __builtin_amdgcn_mfma_scale_f32_16x16x128_f8f6f4(words32(&a[ht][s]), bw, acc[ht], 0, 0, 0, 0, 0, 0);
+        }
+      }
+    } else
+#endif
+    {
+#pragma unroll
+      for (int s = 0; s < KS; ++s) {
+#pragma unroll
+        for (int ht = 0; ht < HT; ++ht) {
+          acc[ht] = __builtin_amdgcn_mfma_f32_16x16x32_fp8_fp8(static_cast<long>(a[ht][s]), static_cast<long>(b[s]),
+                                                               acc[ht], 0, 0, 0);
+        }
       }
     }
     // acc[ht][i]: head ht * 16 + 4 * part + i, key krow.

@@ -143,18 +143,8 @@ DSV4_DEVICE void accumulate_half(float (&acc)[FnChunk<kMixes>::kColTiles][tile::
   for (int c = 0; c < FnChunk<kMixes>::kColTiles; ++c) {
 #pragma unroll
     for (int p = 0; p < kSplitPlanes; ++p) {
-      const uint4 b_half[1] = {chunk.runs[c][p][h][col][run]};
-#pragma unroll
-      for (int step = 0; step < 2; ++step) {
-        uint32_t a[tile::kRowsPerLane][2];
-#pragma unroll
-        for (int i = 0; i < tile::kRowsPerLane; ++i) {
-          a[i][0] = step == 0 ? a_half[i].x : a_half[i].z;
-          a[i][1] = step == 0 ? a_half[i].y : a_half[i].w;
-        }
-        const uint32_t b[2] = {step == 0 ? b_half[0].x : b_half[0].z, step == 0 ? b_half[0].y : b_half[0].w};
-        tile::mma_step(acc[c], a, b);
-      }
+      const uint4 b_half = chunk.runs[c][p][h][col][run];  // one 16-byte load
+      tile::mma_two_steps(acc[c], a_half, b_half);
     }
   }
 }

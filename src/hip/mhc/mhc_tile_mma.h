@@ -1,6 +1,6 @@
 // A warp-wide bf16 matrix product on the matrix units, for the mHC dot products: per step,
 // D[16 x kCols] += A[16 x 16] * B[16 x kCols] with fp32 accumulation (NVIDIA: mma.sync m16n8k16; CDNA:
-// MFMA 16x16x16 bf16). Device code only.
+// MFMA 16x16x16 bf16, on gfx950 two steps at once by MFMA 16x16x32 bf16). Device code only.
 //
 // Operand runs: a dot product is a sum over k, so any order of k serves as long as A and B use the same
 // one. Each lane therefore loads one contiguous run of 16 k values (two 16-byte loads) per 64-wide chunk
@@ -72,6 +72,37 @@ DSV4_DEVICE void mma_step(float (&d)[kAccumulators], const uint32_t (&a)[kRowsPe
   (void)d;  // the host pass: never called
   (void)a;
   (void)b;
+#endif
+}
+
+// Two steps (values 4s..4s+7 of every run: words x, y of `a` and `b` are step s, z, w step s + 1): on gfx950
+// one double-rate v_mfma_f32_16x16x32_bf16 (a lane's 8 values of A and of B in the same order: a dot
+// product does not depend on the order of its terms), elsewhere two mma_steps.
+DSV4_DEVICE void mma_two_steps(float (&d)[kAccumulators], const uint4 (&a)[kRowsPerLane], const uint4 b) {
+#if defined(__gfx950__)
+  typedef __bf16 bf16x8_t __attribute__((ext_vector_type(8)));
+  typedef uint32_t words4_t __attribute__((ext_vector_type(4)));
+  typedef float float4_t __attribute__((ext_vector_type(4)));
+  const bf16x8_t a_operand = __builtin_bit_cast(bf16x8_t, words4_t{a[0].x, a[0].y, a[0].z, a[0].w});
+  const bf16x8_t b_operand = __builtin_bit_cast(bf16x8_t, words4_t{b.x, b.y, b.z, b.w});
+  float4_t c = {d[0], d[1], d[2], d[3]};
+  c = __builtin_amdgcn_mfma_f32_16x16x32_bf16(a_operand, b_operand, c, 0, 0, 0);
+  d[0] = c[0];
+  d[1] = c[1];
+  d[2] = c[2];
+  d[3] = c[3];
+#else
+#pragma unroll
+  for (int step = 0; step < 2; ++step) {
+    uint32_t a_step[kRowsPerLane][2];
+#pragma unroll
+    for (int i = 0; i < kRowsPerLane; ++i) {
+      a_step[i][0] = step == 0 ? a[i].x : a[i].z;
+      a_step[i][1] = step == 0 ? a[i].y : a[i].w;
+    }
+    const uint32_t b_step[2] = {step == 0 ? b.x : b.z, step == 0 ? b.y : b.w};
+    mma_step(d, a_step, b_step);
+  }
 #endif
 }
 
