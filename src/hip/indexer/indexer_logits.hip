@@ -299,7 +299,8 @@ DSV4_DEVICE void row_logits(const uint8_t* q, int64_t head_stride, const float* 
         const Int8 bw = words32(&b[s]);
 #pragma unroll
         for (int ht = 0; ht < HT; ++ht) {
-          acc[ht] = __builtin_amdgcn_mfma_scale_f32_16x16x128_f8f6f4(words32(&a[ht][s]), bw, acc[ht], 0, 0, 0, 0, 0, 0);
+          acc[ht] = __builtin_amdgcn_mfma_scale_f32_16x16x128_f8f6f4(words32(&a[ht][s]), bw, acc[ht], 0, 0, 0, 0, 0,
+                                                                     0);
         }
       }
     } else

@@ -9,8 +9,9 @@
 //                   128-deep K block, the unit applying both UE8M0 bytes and accumulating in fp32.
 // Elsewhere (and on gfx950 for FNUZ operands) each 128-deep K block is multiplied into a fresh fp32
 // fragment, which is then folded into the running fp32 sum with the block's scale 2^(xs + ws - 254)
-// (exact: a power of two, spec §4.5). Operands in the other encoding than the unit's take one more factor 2 (an FNUZ byte is worth half the OCP byte), and the
-// codes that do not carry over (NaN, OCP -0, FNUZ +-240) are rewritten per fragment (to_unit_encoding).
+// (exact: a power of two, spec §4.5). Operands in the other encoding than the unit's take one more factor 2
+// (an FNUZ byte is worth half the OCP byte), and the codes that do not carry over (NaN, OCP -0, FNUZ +-240)
+// are rewritten per fragment (to_unit_encoding).
 //
 // The k permutation: a lane loads 16 consecutive bytes of an x row and of a w row per 64-deep half block,
 // and the products over k are matched by giving the A and B slots the same permutation of k (a dot
@@ -441,7 +442,7 @@ __global__ void __launch_bounds__(kThreads) bmm_kernel(BmmA8W8MxScaleArgs args) 
 #pragma unroll
           for (int nt = 0; nt < kNTiles; ++nt) {
             copy_async_16_stream(shared_window_address(chunk + (half * kNTiles + nt) * kWarpSize),
-                          w_rows[nt] + kb * kBlockK + half * kHalfK);
+                                 w_rows[nt] + kb * kBlockK + half * kHalfK);
           }
 #pragma unroll
           for (int mt = 0; mt < kMTiles; ++mt) {
@@ -954,8 +955,10 @@ __global__ void __launch_bounds__(128 * kWarpGroups) bmm_wgmma_kernel(BmmA8W8MxS
   // This thread's A copies below row M (the rest are zero-filled, not read), counted once.
   const int64_t rows_left = args.m - first_a_row;
   const int a_copies_inside =
-      rows_left <= 0 ? 0 : static_cast<int>(rows_left >= kACopies * kRowsPerCopy ? kACopies
-                                                                               : (rows_left + kRowsPerCopy - 1) / kRowsPerCopy);
+      rows_left <= 0 ? 0
+                     : static_cast<int>(rows_left >= kACopies * kRowsPerCopy
+                                            ? kACopies
+                                            : (rows_left + kRowsPerCopy - 1) / kRowsPerCopy);
   const auto issue_stage = [&](int64_t kb) {
     const uint32_t stage = shared_base + static_cast<uint32_t>(kb % kStages) * Shape::kStageBytes + copy_offset;
     const uint8_t* a_block = a_source + kb * kBlockK;
