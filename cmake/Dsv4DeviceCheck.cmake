@@ -63,7 +63,7 @@ add_test(NAME device_sm_90a_no_spills COMMAND ${_checker} ptxas-no-spills ${_ptx
 # The kernels that must run on the matrix units: the MFMA instruction in each AMD code object (gfx950 has
 # its own where a kernel has a form for them: the wo_a GEMM's block-scaled MFMA, the unit applying the UE8M0
 # block scales that gfx942 folds in software; the double-rate FP8 MFMA of the indexer's 128-dim logits; the
-# double-rate bf16 MFMA of the mHC dot products) and the MMA instruction in the PTX of `source` (a kernel
+# double-rate bf16 MFMA of the sparse MLA decode and of the mHC dot products) and the MMA instruction in the PTX of `source` (a kernel
 # file's name without extension).
 function(dsv4_expect_matrix_units test_name source gfx942_instruction gfx950_instruction ptx_instruction)
   add_test(NAME device_gfx942_${test_name}
@@ -80,7 +80,7 @@ dsv4_expect_matrix_units(wo_a_bmm_matrix_units bmm_a8w8_mxscale v_mfma_f32_16x16
 dsv4_expect_matrix_units(indexer_logits_matrix_units indexer_logits v_mfma_f32_16x16x32_fp8_fp8
                          v_mfma_f32_16x16x128_f8f6f4 ${_fp8_mma})
 dsv4_expect_matrix_units(sparse_mla_matrix_units sparse_mla_decode v_mfma_f32_16x16x16_bf16
-                         v_mfma_f32_16x16x16_bf16 ${_bf16_mma})
+                         v_mfma_f32_16x16x32_bf16 ${_bf16_mma})
 dsv4_expect_matrix_units(mhc_matrix_units mhc v_mfma_f32_16x16x16_bf16 v_mfma_f32_16x16x32_bf16 ${_bf16_mma})
 # Every block-scaled MFMA takes its scale bytes from VGPRs (the unit misreads an SGPR or a constant).
 add_test(NAME device_gfx950_block_scale_operands_in_vgprs

@@ -24,8 +24,9 @@
 // denominator only, optionally rotates dims 448..511 back (inverse GPT-J RoPE) and writes bf16.
 //
 // Matrix instructions: NVIDIA mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 (two per 16x16x16
-// step; fragments through ldmatrix.x4, .trans for V); gfx942/gfx950 (and gfx90a)
-// __builtin_amdgcn_mfma_f32_16x16x16bf16_1k (v_mfma_f32_16x16x16_bf16).
+// step; fragments through ldmatrix.x4, .trans for V); gfx942 (and gfx90a)
+// __builtin_amdgcn_mfma_f32_16x16x16bf16_1k (v_mfma_f32_16x16x16_bf16); gfx950 the double-rate
+// v_mfma_f32_16x16x32_bf16, two of those steps per instruction (mma_pair).
 #include <cfloat>
 
 #include "dsv4/async_copy.h"
@@ -118,6 +119,24 @@ DSV4_DEVICE void mma(Acc& c, const FragA& a, const FragB& b) {
   __builtin_trap();  // no bf16 MFMA on this target
 #endif
 }
+#if defined(__gfx950__)
+// Two 16-deep steps at once on gfx950's double-rate v_mfma_f32_16x16x32_bf16: a lane's 8 values of A (its
+// values of step 0, then of step 1) and of B in the same order, so every k pairs with itself (a dot product
+// does not depend on the order of its terms).
+#define DSV4_SPARSE_MLA_PAIRED_STEPS 1
+DSV4_DEVICE void mma_pair(Acc& c, const FragA& a0, const FragA& a1, const FragB& b0, const FragB& b1) {
+  typedef __bf16 Bf16x8 __attribute__((ext_vector_type(8)));
+  typedef uint32_t Words4 __attribute__((ext_vector_type(4)));
+  const Bf16x8 av = __builtin_bit_cast(Bf16x8, Words4{a0.r[0], a0.r[1], a1.r[0], a1.r[1]});
+  const Bf16x8 bv = __builtin_bit_cast(Bf16x8, Words4{b0.r[0], b0.r[1], b1.r[0], b1.r[1]});
+  Floatx4 cv = {c.v[0], c.v[1], c.v[2], c.v[3]};
+  cv = __builtin_amdgcn_mfma_f32_16x16x32_bf16(av, bv, cv, 0, 0, 0);
+  c.v[0] = cv[0];
+  c.v[1] = cv[1];
+  c.v[2] = cv[2];
+  c.v[3] = cv[3];
+}
+#endif
 #else
 // NVIDIA m16n8k16 (PTX ISA, "Matrix Fragments for mma.m16n8k16"), g = lane / 4, q = lane % 4:
 // A regs a0..a3 = (row g, k 2q..2q+1), (row g+8, k 2q..), (row g, k 2q+8..), (row g+8, k 2q+8..);
@@ -745,6 +764,19 @@ __global__ void DSV4_SPARSE_MLA_BOUNDS sparse_mla_partial_kernel(SparseMlaDecode
       }
       const uint16_t* kbase = sh.keys + 16 * key_half * kKeyStride + part * kPartDims;
       const uint16_t* qbase = sh.q + part * kPartDims;
+#if DSV4_SPARSE_MLA_PAIRED_STEPS
+      static_assert(kScoreSteps % 2 == 0, "paired steps");
+#pragma unroll 2
+      for (int step = 0; step < kScoreSteps; step += 2) {
+        const FragB b0 = load_b_nmajor(kbase + 16 * step, kKeyStride, lane);
+        const FragB b1 = load_b_nmajor(kbase + 16 * (step + 1), kKeyStride, lane);
+#pragma unroll
+        for (int g = 0; g < kGroups; ++g) {
+          const uint16_t* qrow = qbase + g * kHeadsPerBlock * kKeyStride + 16 * step;
+          mma_pair(s[g], load_a(qrow, kKeyStride, lane), load_a(qrow + 16, kKeyStride, lane), b0, b1);
+        }
+      }
+#else
 #pragma unroll 4
       for (int step = 0; step < kScoreSteps; ++step) {
         const FragB b = load_b_nmajor(kbase + 16 * step, kKeyStride, lane);
@@ -753,6 +785,7 @@ __global__ void DSV4_SPARSE_MLA_BOUNDS sparse_mla_partial_kernel(SparseMlaDecode
           mma(s[g], load_a(qbase + g * kHeadsPerBlock * kKeyStride + 16 * step, kKeyStride, lane), b);
         }
       }
+#endif
 #pragma unroll
       for (int g = 0; g < kGroups; ++g) {
 #pragma unroll
@@ -808,6 +841,24 @@ __global__ void DSV4_SPARSE_MLA_BOUNDS sparse_mla_partial_kernel(SparseMlaDecode
           for (int j = 0; j < kOutTiles; ++j) acc[g][j].v[r] *= row_alpha;
         }
       }
+#if DSV4_SPARSE_MLA_PAIRED_STEPS
+      static_assert(kTileKeys == 32, "one pair of 16-key steps a tile");
+      FragA p[2][kGroups];
+#pragma unroll
+      for (int kk = 0; kk < 2; ++kk) {
+#pragma unroll
+        for (int g = 0; g < kGroups; ++g) {
+          p[kk][g] = load_a(sh.probs + g * kHeadsPerBlock * kProbStride + 16 * kk, kProbStride, lane);
+        }
+      }
+#pragma unroll
+      for (int j = 0; j < kOutTiles; ++j) {
+        const FragB b0 = load_b_kmajor(vbase + 16 * j, kKeyStride, lane);
+        const FragB b1 = load_b_kmajor(vbase + 16 * kKeyStride + 16 * j, kKeyStride, lane);
+#pragma unroll
+        for (int g = 0; g < kGroups; ++g) mma_pair(acc[g][j], p[0][g], p[1][g], b0, b1);
+      }
+#else
 #pragma unroll
       for (int kk = 0; kk < kTileKeys / 16; ++kk) {
         FragA p[kGroups];
@@ -822,6 +873,7 @@ __global__ void DSV4_SPARSE_MLA_BOUNDS sparse_mla_partial_kernel(SparseMlaDecode
           for (int g = 0; g < kGroups; ++g) mma(acc[g][j], p[g], b);
         }
       }
+#endif
     }
     __syncthreads();
   }
