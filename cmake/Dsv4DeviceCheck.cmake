@@ -63,8 +63,8 @@ add_test(NAME device_sm_90a_no_spills COMMAND ${_checker} ptxas-no-spills ${_ptx
 # The kernels that must run on the matrix units: the MFMA instruction in each AMD code object (gfx950 has
 # its own where a kernel has a form for them: the wo_a GEMM's block-scaled MFMA, the unit applying the UE8M0
 # block scales that gfx942 folds in software; the double-rate FP8 MFMA of the indexer's 128-dim logits; the
-# double-rate bf16 MFMA of the sparse MLA decode and of the mHC dot products) and the MMA instruction in the PTX of `source` (a kernel
-# file's name without extension).
+# double-rate bf16 MFMA of the sparse MLA decode and of the mHC dot products) and the MMA instruction in the
+# PTX of `source` (a kernel file's name without extension).
 function(dsv4_expect_matrix_units test_name source gfx942_instruction gfx950_instruction ptx_instruction)
   add_test(NAME device_gfx942_${test_name}
            COMMAND ${_checker} expect-instruction ${gfx942_instruction} ${_check_dir}/${source}.gfx942.s)
@@ -85,3 +85,8 @@ dsv4_expect_matrix_units(mhc_matrix_units mhc v_mfma_f32_16x16x16_bf16 v_mfma_f3
 # Every block-scaled MFMA takes its scale bytes from VGPRs (the unit misreads an SGPR or a constant).
 add_test(NAME device_gfx950_block_scale_operands_in_vgprs
          COMMAND ${_checker} amd-scale-operands-in-vgprs ${_check_dir}/bmm_a8w8_mxscale.gfx950.s)
+# The indexer asks for the unscaled f8f6f4 MFMA through the scaled builtin with immediate zero scales, which
+# the compiler turns into the unscaled instruction; a compiler that kept the scaled one would multiply every
+# logit by 2^-254 (a zero byte is 2^-127), so no scaled MFMA may remain in its code object.
+add_test(NAME device_gfx950_indexer_logits_no_scaled_mfma
+         COMMAND ${_checker} expect-no-instruction v_mfma_scale_ ${_check_dir}/indexer_logits.gfx950.s)

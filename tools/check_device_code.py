@@ -3,6 +3,7 @@
 
   run-to-log LOG -- CMD...            run CMD, write its stdout+stderr to LOG, exit with its status
   expect-instruction INSN FILE...     every FILE contains INSN
+  expect-no-instruction INSN FILE...  no FILE contains INSN
   amd-no-spills FILE...               AMDGPU asm metadata: no private segment (scratch), no VGPR/SGPR spills
   ptxas-no-spills LOG...              `ptxas -v` logs: no spill stores/loads and no stack frame
   amd-scale-operands-in-vgprs FILE... every gfx950 block-scaled MFMA takes both scale bytes from VGPRs
@@ -31,6 +32,15 @@ def expect_instruction(args):
         print(f"{f}: no '{insn}'")
     print(f"'{insn}' present in {len(files) - len(missing)}/{len(files)} files")
     return 1 if missing or not files else 0
+
+
+def expect_no_instruction(args):
+    insn, *files = args
+    present = [f for f in files if insn in open(f).read()]
+    for f in present:
+        print(f"{f}: '{insn}' present")
+    print(f"'{insn}' absent from {len(files) - len(present)}/{len(files)} files")
+    return 1 if present or not files else 0
 
 
 AMD_FIELDS = {
@@ -98,6 +108,7 @@ def main(argv):
     commands = {
         "run-to-log": run_to_log,
         "expect-instruction": expect_instruction,
+        "expect-no-instruction": expect_no_instruction,
         "amd-no-spills": amd_no_spills,
         "ptxas-no-spills": ptxas_no_spills,
         "amd-scale-operands-in-vgprs": amd_scale_operands_in_vgprs,

@@ -620,7 +620,8 @@ __global__ void __launch_bounds__(kThreads) bmm_kernel(BmmA8W8MxScaleArgs args) 
 // AMD: double-buffered, the next stage held in registers and stored after the multiply). Warps: (warps / 2)
 // along M x 2 along N, each a (128 / (warps / 2)) x 32 tile (NVIDIA 32 x 32 = 2 x 4 unit tiles, AMD 64 x 32 =
 // 4 x 2). A 64-byte shared row makes a lane's 16-byte fragment
-// reads conflict-free (the 8 lanes of a phase read 128 contiguous bytes).
+// reads conflict-free (the 8 lanes of a phase read 128 contiguous bytes). Operands in the unit's encoding
+// only (the launcher sends the others to bmm_kernel): gfx950's block-scaled MFMA carries no encoding shift.
 constexpr int kTileM = 128;
 constexpr int kTileNLarge = 64;
 constexpr int kStageK = 64;
@@ -1002,7 +1003,7 @@ __global__ void __launch_bounds__(128 * kWarpGroups) bmm_wgmma_kernel(BmmA8W8MxS
   // One warp group a multiprocessor at small M issues every instruction of a K block's step itself, so the
   // usual case takes the short path: both rows' factors 2^(xs + ws - 254 + shift) normal floats and no NaN
   // byte, one fused multiply-add per entry (product * f is exact there, so it rounds as the two-step form,
-  // unless the scaled product leaves the normal range); otherwise block_scale's two factors.
+  // unless the scaled product overflows); otherwise block_scale's two factors.
   const auto fold = [&](float (&product)[kAcc], float (&sum)[kAcc], uint32_t xs_lo, uint32_t xs_hi, uint32_t ws) {
     const int e_lo = static_cast<int>(xs_lo + ws) - 254 + shift;
     const int e_hi = static_cast<int>(xs_hi + ws) - 254 + shift;
