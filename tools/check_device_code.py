@@ -25,22 +25,22 @@ def run_to_log(args):
     return proc.returncode
 
 
-def expect_instruction(args):
+def check_presence(args, wanted):
+    """Every FILE contains INSN (wanted) or none does (not wanted)."""
     insn, *files = args
-    missing = [f for f in files if insn not in open(f).read()]
-    for f in missing:
-        print(f"{f}: no '{insn}'")
-    print(f"'{insn}' present in {len(files) - len(missing)}/{len(files)} files")
-    return 1 if missing or not files else 0
+    wrong = [f for f in files if (insn in open(f).read()) != wanted]
+    for f in wrong:
+        print(f"{f}: {'no' if wanted else 'has'} '{insn}'")
+    print(f"'{insn}' {'present in' if wanted else 'absent from'} {len(files) - len(wrong)}/{len(files)} files")
+    return 1 if wrong or not files else 0
+
+
+def expect_instruction(args):
+    return check_presence(args, True)
 
 
 def expect_no_instruction(args):
-    insn, *files = args
-    present = [f for f in files if insn in open(f).read()]
-    for f in present:
-        print(f"{f}: '{insn}' present")
-    print(f"'{insn}' absent from {len(files) - len(present)}/{len(files)} files")
-    return 1 if present or not files else 0
+    return check_presence(args, False)
 
 
 AMD_FIELDS = {

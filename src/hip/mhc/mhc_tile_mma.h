@@ -8,6 +8,7 @@
 // of every run. The lane -> (row, run) and accumulator -> (row, column) maps below differ per vendor.
 #pragma once
 
+#include "dsv4/mfma.h"
 #include "dsv4/platform.h"
 
 #if DSV4_GPU_COMPILER
@@ -80,17 +81,7 @@ DSV4_DEVICE void mma_step(float (&d)[kAccumulators], const uint32_t (&a)[kRowsPe
 // product does not depend on the order of its terms), elsewhere two mma_steps.
 DSV4_DEVICE void mma_two_steps(float (&d)[kAccumulators], const uint4 (&a)[kRowsPerLane], const uint4 b) {
 #if defined(__gfx950__)
-  typedef __bf16 bf16x8_t __attribute__((ext_vector_type(8)));
-  typedef uint32_t words4_t __attribute__((ext_vector_type(4)));
-  typedef float float4_t __attribute__((ext_vector_type(4)));
-  const bf16x8_t a_operand = __builtin_bit_cast(bf16x8_t, words4_t{a[0].x, a[0].y, a[0].z, a[0].w});
-  const bf16x8_t b_operand = __builtin_bit_cast(bf16x8_t, words4_t{b.x, b.y, b.z, b.w});
-  float4_t c = {d[0], d[1], d[2], d[3]};
-  c = __builtin_amdgcn_mfma_f32_16x16x32_bf16(a_operand, b_operand, c, 0, 0, 0);
-  d[0] = c[0];
-  d[1] = c[1];
-  d[2] = c[2];
-  d[3] = c[3];
+  mfma_16x16x32_bf16(d, {a[0].x, a[0].y, a[0].z, a[0].w}, {b.x, b.y, b.z, b.w});
 #else
 #pragma unroll
   for (int step = 0; step < 2; ++step) {

@@ -33,6 +33,7 @@
 #include "dsv4/bf16.h"
 #include "dsv4/ds_mla.h"
 #include "dsv4/launch.h"
+#include "dsv4/mfma.h"
 #include "dsv4/rope.h"
 #include "dsv4/ue8m0.h"
 #include "sparse_mla/sparse_mla_launchers.h"
@@ -125,16 +126,7 @@ DSV4_DEVICE void mma(Acc& c, const FragA& a, const FragB& b) {
 // does not depend on the order of its terms).
 #define DSV4_SPARSE_MLA_PAIRED_STEPS 1
 DSV4_DEVICE void mma_pair(Acc& c, const FragA& a0, const FragA& a1, const FragB& b0, const FragB& b1) {
-  typedef __bf16 Bf16x8 __attribute__((ext_vector_type(8)));
-  typedef uint32_t Words4 __attribute__((ext_vector_type(4)));
-  const Bf16x8 av = __builtin_bit_cast(Bf16x8, Words4{a0.r[0], a0.r[1], a1.r[0], a1.r[1]});
-  const Bf16x8 bv = __builtin_bit_cast(Bf16x8, Words4{b0.r[0], b0.r[1], b1.r[0], b1.r[1]});
-  Floatx4 cv = {c.v[0], c.v[1], c.v[2], c.v[3]};
-  cv = __builtin_amdgcn_mfma_f32_16x16x32_bf16(av, bv, cv, 0, 0, 0);
-  c.v[0] = cv[0];
-  c.v[1] = cv[1];
-  c.v[2] = cv[2];
-  c.v[3] = cv[3];
+  mfma_16x16x32_bf16(c.v, {a0.r[0], a0.r[1], a1.r[0], a1.r[1]}, {b0.r[0], b0.r[1], b1.r[0], b1.r[1]});
 }
 #endif
 #else
