@@ -25,7 +25,7 @@ namespace {
 
 constexpr int kThreads = 256;
 constexpr int kHalfLanes = 32;     // reductions stay within 32-lane groups on both vendors
-constexpr int kTargetBlocks = 528;  // dots blocks: about four per SM on current GPUs
+constexpr int kTargetBlocks = 528;  // dots blocks: about four per SM on current GPUs, at most one wave
 constexpr int kDotsWarps = 4;
 // 16-token tiles per warp in the pre dots kernel: two from kTwoTileMinTokens tokens (each fn chunk in
 // shared memory then serves twice the tokens; with fewer tokens the extra blocks of one tile pay more).
@@ -636,7 +636,7 @@ struct PreWorkspaceLayout {
 PreWorkspaceLayout pre_workspace_layout(int64_t tokens, int64_t hidden, int mixes) {
   constexpr int64_t kAlignFloats = 64;
   PreWorkspaceLayout layout{};
-  layout.pre_weights = static_cast<int64_t>(mhc_pre_k_splits(tokens, hidden)) * tokens * partial_stride(mixes);
+  layout.pre_weights = static_cast<int64_t>(mhc_pre_k_splits(tokens, hidden, mixes)) * tokens * partial_stride(mixes);
   layout.split_fn = (layout.pre_weights + tokens * mhc::kHcMult + kAlignFloats - 1) / kAlignFloats * kAlignFloats;
   const int64_t chunks = mhc::kHcMult * hidden / tile::kChunk;
   layout.floats = presplit_fn(tokens) ? layout.split_fn + chunks * split_chunk_bytes_bound(mixes) / 4
@@ -704,7 +704,7 @@ void launch_pre_kernels(const MhcPreArgs& args, hipStream_t stream) {
 bool valid_pre(const MhcPreArgs& args) {
   return args.tokens >= 0 && args.hidden > 0 && args.hidden % tile::kChunk == 0 &&
          reinterpret_cast<uintptr_t>(args.partials) % 16 == 0 &&
-         args.k_splits == mhc_pre_k_splits(args.tokens, args.hidden) &&
+         args.k_splits == mhc_pre_k_splits(args.tokens, args.hidden, args.mixes) &&
          (args.mixes == mhc::kPreMixes || args.mixes == mhc::kHeadMixes);
 }
 
@@ -719,13 +719,28 @@ void launch_post_kernel(const MhcPostArgs& args, hipStream_t stream) {
   }
 }
 
+// Dots blocks resident at once on the device (one wave) for the kernel that serves `tokens` and `mixes`.
+template <int kMixes>
+int64_t dots_wave_blocks(int64_t tokens) {
+  const int threads = kDotsWarps * kHostWarpSize;
+  if (!presplit_fn(tokens)) return one_wave_blocks<mhc_dots_kernel<kMixes, false, 1>>(threads);
+  if (dots_tiles_per_warp(tokens) == 2) return one_wave_blocks<mhc_dots_kernel<kMixes, true, 2>>(threads);
+  return one_wave_blocks<mhc_dots_kernel<kMixes, true, 1>>(threads);
+}
+
 }  // namespace
 
-int mhc_pre_k_splits(int64_t tokens, int64_t hidden) {
+int mhc_pre_k_splits(int64_t tokens, int64_t hidden, int mixes) {
   // Slices are ranges of 64-wide chunks of the flattened row.
   const int64_t blocks = token_blocks(tokens);
   const int64_t chunks = mhc::kHcMult * hidden / tile::kChunk;
   int64_t splits = blocks >= kTargetBlocks ? 1 : (kTargetBlocks + blocks - 1) / blocks;
+  // Never more blocks than one wave where the token blocks leave room: a second, partial wave would leave
+  // most multiprocessors idle while it runs (H200, 24 mixes from 2048 tokens: 164 registers a thread, three
+  // blocks a multiprocessor, 396 resident against the 528 aimed at).
+  const int64_t wave = mixes == mhc::kPreMixes ? dots_wave_blocks<mhc::kPreMixes>(tokens)
+                                               : dots_wave_blocks<mhc::kHeadMixes>(tokens);
+  if (blocks * splits > wave && blocks <= wave) splits = wave / blocks;
   splits = splits < chunks ? splits : chunks;
   // At most four slices per epilogue lane (loaded together): more serial loads there would cost a decode
   // step more than the extra dots blocks save.

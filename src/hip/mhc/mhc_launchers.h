@@ -41,8 +41,9 @@ struct MhcPostArgs {
 };
 
 namespace gpu {
-// The k split the pre kernels use for `tokens`, and the workspace they need (the bindings size it).
-int mhc_pre_k_splits(int64_t tokens, int64_t hidden);
+// The k split the pre kernels use for `tokens` and `mixes`, and the workspace they need (the bindings size
+// it).
+int mhc_pre_k_splits(int64_t tokens, int64_t hidden, int mixes);
 int64_t mhc_pre_workspace_floats(int64_t tokens, int64_t hidden, int mixes);
 LaunchStatus launch_mhc_pre(const MhcPreArgs& args, void* stream);
 LaunchStatus launch_mhc_post(const MhcPostArgs& args, void* stream);
