@@ -78,12 +78,12 @@ def to(device, *tensors):
 
 
 SIZES = [pytest.param(t, h, id=f"T{t}-H{h}") for h in (4096, 7168) for t in (1, 7, 100, 128, 4096)]
-# Token counts at the GPU kernels' switches (src/hip/mhc/mhc.hip): the epilogue and collapse in one kernel up
-# to 64 tokens (with 16 epilogue lanes per token below 33 k slices: hidden 256), fn split once by its own
-# kernel from 193 tokens, 32 epilogue lanes per token from 33 k slices (1000 tokens), two tiles per warp
-# from 2048 tokens.
+# Token counts at the GPU kernels' switches (src/hip/mhc/mhc.hip): the dots kernel chained to the kernel
+# before it up to 64 tokens, the epilogue and collapse in one kernel up to 128 tokens (with 16 epilogue lanes
+# per token below 33 k slices: hidden 256), fn split once by its own kernel from 193 tokens, 32 epilogue
+# lanes per token from 33 k slices (1000 tokens), two tiles per warp from 2048 tokens.
 KERNEL_SWITCH_SIZES = [pytest.param(t, h, id=f"T{t}-H{h}") for t, h in (
-    (5, 256), (64, 4096), (65, 7168), (193, 4096), (1000, 7168), (2048, 4096))]
+    (5, 256), (64, 4096), (65, 7168), (129, 7168), (193, 4096), (1000, 7168), (2048, 4096))]
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -175,9 +175,10 @@ def test_post_matches_reference(device, t, hidden, post_shape):
 
 @pytest.mark.parametrize("device", DEVICES)
 # 64 and 65: the GPU's switch from the chained small-token kernels (each starting while the one before
-# finishes) to the separate epilogue and collapse kernels; 17 with hidden 256: a partial token tile over few
-# chunks.
-@pytest.mark.parametrize("t,hidden", [(1, 4096), (17, 256), (33, 7168), (64, 4096), (65, 7168), (2100, 4096)])
+# finishes) to plain launches; 128 and 129: from one epilogue + collapse kernel to two; 17 with hidden 256: a
+# partial token tile over few chunks.
+@pytest.mark.parametrize("t,hidden", [(1, 4096), (17, 256), (33, 7168), (64, 4096), (65, 7168), (128, 4096),
+                                      (129, 7168), (2100, 4096)])
 def test_fused_post_pre_is_post_then_pre(device, t, hidden):
     residual = streams(t, hidden, seed=10)
     x = torch.randn(t, hidden, generator=torch.Generator().manual_seed(11)).to(torch.bfloat16)
@@ -204,7 +205,9 @@ def test_fused_post_pre_is_post_then_pre(device, t, hidden):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("t,hidden", [(1, 4096), (7, 7168), (100, 4096), (128, 4096), (193, 7168), (2100, 4096)])
+# 768 and 769: the head's switch from one epilogue + collapse kernel to two (src/hip/mhc/mhc.hip).
+@pytest.mark.parametrize("t,hidden", [(1, 4096), (7, 7168), (100, 4096), (128, 4096), (193, 7168), (768, 4096),
+                                      (769, 7168), (2100, 4096)])
 def test_hc_head_matches_reference(device, t, hidden):
     residual = streams(t, hidden, seed=14)
     fn, scale, base = params(hidden, mixes=4, scales=1, seed=15, strength=10.0)

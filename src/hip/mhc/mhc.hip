@@ -49,12 +49,18 @@ constexpr int kEpilogueThreads = 128;
 constexpr int kCombLanes = 16;
 constexpr int kWideEpilogueMinSplits = 33;
 constexpr int kMaxSplits = 128;
-// Tokens up to which one kernel runs each token's epilogue and collapse (decode): a launch saved.
-constexpr int64_t kMergedEpilogueMaxTokens = 64;
+// Tokens up to which one kernel runs each token's epilogue and collapse (a block per token: a launch saved,
+// and the token's residual loads during its epilogue). Beyond, pre's epilogue (the Sinkhorn chain) holds
+// each block's collapse back too long; the head's (a sigmoid) does not. H200, same run, merged vs separate:
+// pre 13.3-16.9 vs 16.1-20.4 us at 65-128 tokens, 22.4 vs 19.3 at 192 (hidden 4096); hc_head 6.4-21.4 vs
+// 8.9-22.0 us at 65-768 tokens, 27.2 vs 26.5 at 1024.
+DSV4_HD constexpr int64_t merged_epilogue_max_tokens(int mixes) { return mixes == mhc::kPreMixes ? 128 : 768; }
 // Tokens up to which the post and dots kernels are launched to overlap the kernel before them
 // (launch_overlapping): each waits for it before reading, and the launch latency between short kernels is
 // hidden (measured up to 64 tokens; larger sizes launch plainly, where a launch latency is small against
-// the kernels' run time). The one-kernel epilogue + collapse always overlaps the dots kernel.
+// the kernels' run time). The one-kernel epilogue + collapse always overlaps the dots kernel, which releases
+// it only once the residual's writer has finished (the dots kernel waits for that writer, or for a split of
+// fn launched after it, or was itself launched after it).
 constexpr int64_t kChainedMaxTokens = 64;
 // Rounds of each thread's collapse vectors that kernel loads before the epilogue: all of them up to
 // hidden 8192 (4 rounds of 256 threads x 8 values).
@@ -675,8 +681,7 @@ void launch_pre_kernels(const MhcPreArgs& args, hipStream_t stream) {
       hipLaunchKernelGGL((mhc_dots_kernel<kMixes, false, 1>), dots_grid, dots_block, 0, stream, args, no_split_fn);
     }
   }
-  if (args.tokens <= kMergedEpilogueMaxTokens) {
-    static_assert(kMergedEpilogueMaxTokens <= kChainedMaxTokens, "the one-kernel epilogue waits for the dots");
+  if (args.tokens <= merged_epilogue_max_tokens(kMixes)) {
     const dim3 grid(static_cast<unsigned>(args.tokens));
     if (args.k_splits >= kWideEpilogueMinSplits) {
       launch_overlapping(mhc_epilogue_collapse_kernel<kMixes, 2 * kCombLanes>, grid, dim3(kThreads), 0, stream,
