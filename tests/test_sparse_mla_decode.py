@@ -401,6 +401,59 @@ def test_gpu_two_head_groups_per_block(heads, tokens, ratio, topk):
     assert_close_to_reference(got, on_cpu)
 
 
+# Batches of at least 32 (row, 64-head) blocks at more than 32 heads, rows of at least 512 keys: on sm_90a
+# the warp-specialized warpgroup-MMA kernel serves them (heads padded to 64; 100 heads leave a partial block).
+# C4A rows: the window and top-k 512 of the committed entries; C128A rows at 64k+: the window and 512+ entries.
+WARPGROUP_SHAPES = [(64, 32), (100, 40), (128, 20)]
+WARPGROUP_LAYERS = [pytest.param(4, 512, 2100, id="c4a"), pytest.param(128, None, 65600, id="c128a")]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("heads,tokens", WARPGROUP_SHAPES)
+@pytest.mark.parametrize("ratio,topk,first_position", WARPGROUP_LAYERS)
+@pytest.mark.parametrize("main_fmt", [Fp8Format.OCP, Fp8Format.FNUZ])
+def test_gpu_warpgroup_kernel_against_reference(heads, tokens, ratio, topk, first_position, main_fmt):
+    """The warpgroup kernel's sizes, both layer types with long rows and both main-cache encodings, automatic
+    splits: the reference's answer within the tolerance."""
+    positions = [first_position + 53 * i for i in range(tokens)]
+    main_cache, extra_cache, main, extra, q, sink = layer_case(ratio, topk, heads, positions, main_fmt, seed=100,
+                                                               device="cuda")
+    got, want = run(q, main, extra, (main_cache, extra_cache), (main_fmt, Fp8Format.OCP), (64, 16), sink, 0,
+                    device="cuda")
+    assert_close_to_reference(got, want)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("num_splits", [1, 2, 5, 64])
+@pytest.mark.parametrize("with_sink", [False, True])
+def test_gpu_warpgroup_kernel_split_counts(num_splits, with_sink):
+    """Its fused epilogue (one split), the reduce of its partials, and more splits than tiles (empty splits),
+    on rows with slots that must be skipped (-1, past the cache)."""
+    positions = [2100 + 61 * i for i in range(32)]
+    main_cache, extra_cache, main, extra, q, sink = layer_case(4, 512, 64, positions, Fp8Format.OCP, seed=110,
+                                                               device="cuda")
+    main_idx = main[0].clone()
+    main_idx[::7] = -1
+    main_idx[3::11] = 10**6
+    got, want = run(q, (main_idx, main[1]), extra, (main_cache, extra_cache), (Fp8Format.OCP, Fp8Format.OCP),
+                    (64, 16), sink if with_sink else None, num_splits, device="cuda")
+    assert_close_to_reference(got, want)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("num_splits", [1, 3])
+def test_gpu_warpgroup_kernel_inverse_rope(num_splits):
+    """Its inverse-RoPE epilogue (fused at one split, in the reduce at three) equals the reference's."""
+    positions = [2100 + 61 * i for i in range(32)]
+    main_cache, extra_cache, main, extra, q, sink = layer_case(4, 512, 64, positions, Fp8Format.OCP, seed=120,
+                                                               device="cuda")
+    theta = torch.randn(4096, 32, generator=torch.Generator().manual_seed(122))
+    cos_sin = torch.cat([theta.cos(), theta.sin()], dim=1)
+    got, want = run(q, main, extra, (main_cache, extra_cache), (Fp8Format.OCP, Fp8Format.OCP), (64, 16), sink,
+                    num_splits, device="cuda", cos_sin=cos_sin, positions=torch.tensor(positions))
+    assert_close_to_reference(got, want)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("heads", [16, 20, 64])
 def test_gpu_single_key_is_copied_exactly(heads):

@@ -36,6 +36,7 @@
 #include "dsv4/mfma.h"
 #include "dsv4/rope.h"
 #include "dsv4/ue8m0.h"
+#include "dsv4/wgmma.h"
 #include "sparse_mla/sparse_mla_launchers.h"
 
 #if defined(__HIP_PLATFORM_AMD__) || defined(__AMDGCN__)
@@ -492,13 +493,15 @@ DSV4_DEVICE int64_t fetch_slot(const SparseMlaDecodeArgs& args, int64_t main_beg
 }
 
 // Starts the copies of the records at positions [tile, tile + 32) (< last) of the row's key list into the
-// stage: 8 threads per key (each holding its slot, fetched earlier), each copying 4 or 5 chunks of 16
-// bytes; one of them the 8 scale bytes. Invalid slots are marked and never read.
-template <class Sh>
+// stage, by kWorkers threads: kWorkers / 32 per key (each holding its slot, fetched earlier), each copying
+// its share of the 36 chunks of 16 bytes; the last of them also the 8 scale bytes. Invalid slots are marked
+// and never read.
+template <int kWorkers = kThreads>
 DSV4_DEVICE void stage_tile(const SparseMlaDecodeArgs& args, int64_t main_count, int64_t tile, int64_t last,
-                            int64_t slot, Sh& sh, int tid) {
-  const int key = tid / kStageThreadsPerKey;
-  const int sub = tid % kStageThreadsPerKey;
+                            int64_t slot, uint8_t* stage, int* stage_table, int tid) {
+  constexpr int kPerKey = kWorkers / kTileKeys;
+  const int key = tid / kPerKey;
+  const int sub = tid % kPerKey;
   const int64_t p = tile + key;
   int table = -1;
   const uint8_t* data = nullptr;
@@ -513,20 +516,20 @@ DSV4_DEVICE void stage_tile(const SparseMlaDecodeArgs& args, int64_t main_count,
       table = from_main ? 0 : 1;
     }
   }
-  if (sub == 0) sh.stage_table[key] = table;
+  if (sub == 0) stage_table[key] = table;
   if (table < 0) return;
-  uint8_t* dst = sh.stage + key * kStageStride;
+  uint8_t* dst = stage + key * kStageStride;
   // The stage is addressed by generic pointers; each copy converts its own (the address arithmetic of every
   // copy then stays independent).
   const auto copy16 = [](uint8_t* shared_dst, const uint8_t* global_src) {
     copy_async_16(shared_window_address(shared_dst), global_src);
   };
 #pragma unroll
-  for (int i = 0; i < (kStageChunks + kStageThreadsPerKey - 1) / kStageThreadsPerKey; ++i) {
-    const int c = sub + i * kStageThreadsPerKey;
+  for (int i = 0; i < (kStageChunks + kPerKey - 1) / kPerKey; ++i) {
+    const int c = sub + i * kPerKey;
     if (c < kStageChunks) copy16(dst + 16 * c, data + 16 * c);
   }
-  if (sub == kStageThreadsPerKey - 1) copy_async_8(shared_window_address(dst + ds_mla::kDataBytes), scales);
+  if (sub == kPerKey - 1) copy_async_8(shared_window_address(dst + ds_mla::kDataBytes), scales);
 }
 
 // Decode of a staged tile in steps that every lane of a warp runs alike (no branch on the lane): the 448
@@ -541,48 +544,45 @@ constexpr int kRopePiecesPerKey = ds_mla::kRopeDim / kPieceDims;      // 8
 static_assert(kNopePieces % kWarpSize == 0, "the partial pass ends on a warp boundary");
 static_assert(kTileKeys * kRopePiecesPerKey == kThreads, "one RoPE piece a thread");
 
-// NoPE piece `piece` (dims [16 piece, +16)) of a staged record into its bf16 key row; table < 0: zeros.
-DSV4_DEVICE void decode_staged_nope(const uint8_t* record, int table, int piece, uint16_t* row,
-                                    const float (*tables)[256], uint32_t ocp_tables) {
-  uint4 low = make_uint4(0, 0, 0, 0);
-  uint4 high = make_uint4(0, 0, 0, 0);
-  if (table >= 0) {
-    const uint4 codes = *reinterpret_cast<const uint4*>(record + piece * kNopePieceDims);
-    const uint32_t scale_byte = record[ds_mla::kDataBytes + piece * kNopePieceDims / ds_mla::kQuantBlock];
+// NoPE piece `piece` (dims [16 piece, +16)) of a staged record as two chunks of 8 bf16; table < 0: zeros.
+DSV4_DEVICE void decode_staged_nope(const uint8_t* record, int table, int piece, const float (*tables)[256],
+                                    uint32_t ocp_tables, uint4& low, uint4& high) {
+  low = make_uint4(0, 0, 0, 0);
+  high = make_uint4(0, 0, 0, 0);
+  if (table < 0) return;
+  const uint4 codes = *reinterpret_cast<const uint4*>(record + piece * kNopePieceDims);
+  const uint32_t scale_byte = record[ds_mla::kDataBytes + piece * kNopePieceDims / ds_mla::kQuantBlock];
 #if defined(DSV4_SPARSE_MLA_OCP_CONVERT)
-    if ((ocp_tables >> table) & 1u) {
-      low = decode_ocp_fp8x8(make_uint2(codes.x, codes.y), scale_byte);
-      high = decode_ocp_fp8x8(make_uint2(codes.z, codes.w), scale_byte);
-    } else
-#else
-    (void)ocp_tables;
-#endif
-    {
-      const uint32_t table_offset = static_cast<uint32_t>(table) * sizeof(tables[0]);
-      low = decode_fp8x8(make_uint2(codes.x, codes.y), scale_byte, tables, table_offset);
-      high = decode_fp8x8(make_uint2(codes.z, codes.w), scale_byte, tables, table_offset);
-    }
+  if ((ocp_tables >> table) & 1u) {
+    low = decode_ocp_fp8x8(make_uint2(codes.x, codes.y), scale_byte);
+    high = decode_ocp_fp8x8(make_uint2(codes.z, codes.w), scale_byte);
+    return;
   }
-  // Pieces 4..7 of each group of 8 store their halves in the other order: a quarter warp's first stores
-  // then fall on distinct banks.
-  uint16_t* dst = row + piece * kNopePieceDims;
+#else
+  (void)ocp_tables;
+#endif
+  const uint32_t table_offset = static_cast<uint32_t>(table) * sizeof(tables[0]);
+  low = decode_fp8x8(make_uint2(codes.x, codes.y), scale_byte, tables, table_offset);
+  high = decode_fp8x8(make_uint2(codes.z, codes.w), scale_byte, tables, table_offset);
+}
+
+// Stores a decoded NoPE piece's two chunks. Pieces 4..7 of each group of 8 store theirs in the other order: a
+// quarter warp's first stores then fall on distinct banks (in the plain and in the swizzled tiles).
+DSV4_DEVICE void store_piece(int piece, uint4* low_dst, uint4* high_dst, uint4 low, uint4 high) {
   if ((piece >> 2) & 1) {
-    *reinterpret_cast<uint4*>(dst + kPieceDims) = high;
-    *reinterpret_cast<uint4*>(dst) = low;
+    *high_dst = high;
+    *low_dst = low;
   } else {
-    *reinterpret_cast<uint4*>(dst) = low;
-    *reinterpret_cast<uint4*>(dst + kPieceDims) = high;
+    *low_dst = low;
+    *high_dst = high;
   }
 }
 
-// RoPE piece `piece` (8 bf16) of a staged record into its key row, non-finite values as +0.
-DSV4_DEVICE void copy_staged_rope(const uint8_t* record, int table, int piece, uint16_t* row) {
-  uint4 v = make_uint4(0, 0, 0, 0);
-  if (table >= 0) {
-    v = *reinterpret_cast<const uint4*>(record + ds_mla::kNopeDim + piece * 2 * kPieceDims);
-    v = make_uint4(scrub_bf16x2(v.x), scrub_bf16x2(v.y), scrub_bf16x2(v.z), scrub_bf16x2(v.w));
-  }
-  *reinterpret_cast<uint4*>(row + ds_mla::kNopeDim + piece * kPieceDims) = v;
+// RoPE piece `piece` (8 bf16) of a staged record, non-finite values as +0; table < 0: zeros.
+DSV4_DEVICE uint4 staged_rope(const uint8_t* record, int table, int piece) {
+  if (table < 0) return make_uint4(0, 0, 0, 0);
+  const uint4 v = *reinterpret_cast<const uint4*>(record + ds_mla::kNopeDim + piece * 2 * kPieceDims);
+  return make_uint4(scrub_bf16x2(v.x), scrub_bf16x2(v.y), scrub_bf16x2(v.z), scrub_bf16x2(v.w));
 }
 
 // The staged tile into the bf16 key tile, by all threads of the block.
@@ -596,13 +596,17 @@ DSV4_DEVICE void decode_staged_tile(Sh& sh, int tid, uint32_t ocp_tables) {
     const int job = pass * kThreads + tid;
     if (job < kNopePieces) {  // false only in the last pass, for whole warps
       const int key = job / kNopePiecesPerKey;
-      decode_staged_nope(sh.stage + key * kStageStride, sh.stage_table[key], job % kNopePiecesPerKey,
-                         sh.keys + key * kKeyStride, sh.tables, ocp_tables);
+      const int piece = job % kNopePiecesPerKey;
+      uint4 low, high;
+      decode_staged_nope(sh.stage + key * kStageStride, sh.stage_table[key], piece, sh.tables, ocp_tables, low, high);
+      uint16_t* dst = sh.keys + key * kKeyStride + piece * kNopePieceDims;
+      store_piece(piece, reinterpret_cast<uint4*>(dst), reinterpret_cast<uint4*>(dst + kPieceDims), low, high);
     }
   }
   const int key = tid / kRopePiecesPerKey;
-  copy_staged_rope(sh.stage + key * kStageStride, sh.stage_table[key], tid % kRopePiecesPerKey,
-                   sh.keys + key * kKeyStride);
+  const int piece = tid % kRopePiecesPerKey;
+  *reinterpret_cast<uint4*>(sh.keys + key * kKeyStride + ds_mla::kNopeDim + piece * kPieceDims) =
+      staged_rope(sh.stage + key * kStageStride, sh.stage_table[key], piece);
 }
 #endif
 
@@ -673,7 +677,8 @@ __global__ void DSV4_SPARSE_MLA_BOUNDS sparse_mla_partial_kernel(SparseMlaDecode
   const int stage_key = tid / kStageThreadsPerKey;
   if (first < last) {
     stage_tile(args, main_count, first, last,
-               fetch_slot(args, main_begin, main_count, extra_begin, first + stage_key, last), sh, tid);
+               fetch_slot(args, main_begin, main_count, extra_begin, first + stage_key, last), sh.stage,
+               sh.stage_table, tid);
   }
   copy_async_commit();
   int64_t next_slot = fetch_slot(args, main_begin, main_count, extra_begin, first + kTileKeys + stage_key, last);
@@ -713,7 +718,7 @@ __global__ void DSV4_SPARSE_MLA_BOUNDS sparse_mla_partial_kernel(SparseMlaDecode
     decode_staged_tile(sh, tid, ocp_tables);
     __syncthreads();
     if (tile + kTileKeys < last) {
-      stage_tile(args, main_count, tile + kTileKeys, last, next_slot, sh, tid);
+      stage_tile(args, main_count, tile + kTileKeys, last, next_slot, sh.stage, sh.stage_table, tid);
       next_slot = fetch_slot(args, main_begin, main_count, extra_begin, tile + 2 * kTileKeys + stage_key, last);
     }
     copy_async_commit();
@@ -970,6 +975,392 @@ __global__ void DSV4_SPARSE_MLA_BOUNDS sparse_mla_partial_kernel(SparseMlaDecode
   }
 }
 
+#if !defined(__HIPCC__)
+// ---- sm_90a: sparse_mla_wgmma_kernel (warpgroup MMA, warp-specialized) ------------------------------------
+// For batches with enough (row, 64-head) blocks and long rows (sparse_mla_uses_wgmma). A block of three warp
+// groups serves one query row t, 64 heads (rows of heads >= H are zero and never written) and one split. The
+// producer group copies the records of 32-key tiles into a ring of stages (cp.async, two tiles ahead) and
+// decodes each, as above, into a bf16 key tile in the 128-byte swizzle: 8 planes of 64 dims, row k of a plane
+// holding key k's 64 dims, 16-byte chunk c at c ^ (k % 8). One such tile serves both products: read K-major
+// it is K (S = Q K^T, N = keys), read MN-major it is V (O += P V, N = dims). Q (64 x 512) sits in the same
+// layout. The two consumer groups multiply: group w scores keys [16 w, +16) of a tile (m64n16k16 over the 512
+// dims), the groups exchange their row maxima, each writes its half of P (bf16, 64-byte swizzle) and
+// multiplies all of P by dims [256 w, +256) of V (m64n256k16; the 64 x 256 fp32 accumulators stay in
+// registers). A ring of three key tiles lies between them, handed over through named barriers (full: decoded;
+// empty: its P V done), so that the decode of tile i + 1 runs while tile i is multiplied. The softmax, its
+// bf16 rounding of P, the sink and the epilogues follow the kernel above (the sums of l in another order).
+constexpr int kWgHeads = 64;
+constexpr int kWgGroupThreads = 128;
+constexpr int kWgConsumerThreads = 2 * kWgGroupThreads;
+constexpr int kWgThreads = kWgConsumerThreads + kWgGroupThreads;  // + the producer group
+constexpr int kWgPlaneDims = 64;                                   // one 128-byte swizzled row
+constexpr int kWgPlanes = kDim / kWgPlaneDims;                     // 8
+constexpr int kWgQPlaneBytes = kWgHeads * 128;                     // 8 KB
+constexpr int kWgKeyPlaneBytes = kTileKeys * 128;                  // 4 KB
+constexpr int kWgKeyTileBytes = kWgPlanes * kWgKeyPlaneBytes;      // 32 KB
+constexpr int kWgKeyTiles = 3;
+constexpr int kWgProbRowBytes = kTileKeys * 2;                     // 64: the 64-byte swizzle
+constexpr int kWgProbTileBytes = kWgHeads * kWgProbRowBytes;       // 4 KB
+constexpr int kWgScoreKeys = kTileKeys / 2;                        // keys a consumer group scores
+constexpr int kWgOutDims = kDim / 2;                               // dims a consumer group accumulates
+constexpr int kWgStages = 3;                                       // record stages
+// Named barriers (0 is __syncthreads): the producer's own, the consumers' two, then full and empty per key tile.
+constexpr int kBarrierProducer = 1;
+constexpr int kBarrierScores = 2;
+constexpr int kBarrierProbs = 3;
+constexpr int kBarrierFull = 4;
+constexpr int kBarrierEmpty = kBarrierFull + kWgKeyTiles;
+static_assert(kBarrierEmpty + kWgKeyTiles <= 16, "16 named barriers");
+
+struct WgmmaShared {  // at a 1024-byte boundary: the swizzled tiles first
+  uint8_t q[kWgPlanes * kWgQPlaneBytes];
+  uint8_t keys[kWgKeyTiles][kWgKeyTileBytes];
+  uint8_t probs[kWgProbTileBytes];
+  alignas(16) uint8_t stage[kWgStages][kTileKeys * kStageStride];
+  int stage_table[kWgStages][kTileKeys];
+  int key_table[kWgKeyTiles][kTileKeys];  // < 0: no key (score -inf)
+  float tables[2][256];
+  float row_max[2][kWgHeads];  // per consumer group
+  float row_l[2][kWgHeads];
+};
+constexpr size_t kWgSharedBytes = sizeof(WgmmaShared) + 1024;  // + alignment
+static_assert(kWgSharedBytes <= 227 * 1024, "an sm_90 block's shared memory");
+
+#if defined(DSV4_WGMMA)
+DSV4_DEVICE void named_barrier_sync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+DSV4_DEVICE void named_barrier_arrive(int id, int threads) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
+// Offset of 16-byte chunk `chunk` (dims [8 chunk, +8)) of row `row` in a tile of 128-byte swizzled planes.
+DSV4_DEVICE uint32_t swizzled_chunk_offset(int row, int chunk, int plane_bytes) {
+  return static_cast<uint32_t>((chunk / 8) * plane_bytes + row * 128 + (((chunk % 8) ^ (row % 8)) * 16));
+}
+
+// The staged tile into a swizzled key tile, by the producer group (decode_staged_tile's pieces).
+DSV4_DEVICE void decode_staged_tile_swizzled(const uint8_t* stage, const int* stage_table, uint8_t* tile,
+                                             int* key_table, const float (*tables)[256], uint32_t ocp_tables,
+                                             int worker) {
+  if (worker < kTileKeys) key_table[worker] = stage_table[worker];
+#pragma unroll 2
+  for (int job = worker; job < kNopePieces; job += kWgGroupThreads) {
+    const int key = job / kNopePiecesPerKey;
+    const int piece = job % kNopePiecesPerKey;
+    uint4 low, high;
+    decode_staged_nope(stage + key * kStageStride, stage_table[key], piece, tables, ocp_tables, low, high);
+    store_piece(piece, reinterpret_cast<uint4*>(tile + swizzled_chunk_offset(key, 2 * piece, kWgKeyPlaneBytes)),
+                reinterpret_cast<uint4*>(tile + swizzled_chunk_offset(key, 2 * piece + 1, kWgKeyPlaneBytes)), low,
+                high);
+  }
+#pragma unroll
+  for (int job = worker; job < kTileKeys * kRopePiecesPerKey; job += kWgGroupThreads) {
+    const int key = job / kRopePiecesPerKey;
+    const int piece = job % kRopePiecesPerKey;
+    *reinterpret_cast<uint4*>(tile + swizzled_chunk_offset(key, ds_mla::kNopeDim / kPieceDims + piece,
+                                                           kWgKeyPlaneBytes)) =
+        staged_rope(stage + key * kStageStride, stage_table[key], piece);
+  }
+}
+
+// Closes the group of the wgmma issued since the last commit.
+DSV4_DEVICE void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+
+template <int kPending>
+DSV4_DEVICE void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(kPending) : "memory");
+}
+
+// Scores of the consumer group's 16 keys of a tile: S[64 x 16] = Q K^T over the 512 dims (32 steps of 16).
+DSV4_DEVICE void issue_scores(float (&s)[8], uint32_t q_tile, uint32_t key_tile, int group) {
+  const uint64_t q_descriptor = swizzled_tile_descriptor(q_tile);
+  const uint64_t key_descriptor = swizzled_tile_descriptor(key_tile + group * kWgScoreKeys * 128);
+  pin_registers(s);
+  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#pragma unroll
+  for (int step = 0; step < kDim / 16; ++step) {
+    const uint32_t k_offset = static_cast<uint32_t>((step % 4) * 32);  // 16 dims along the 128-byte row
+    wgmma_m64n16k16_bf16(s, descriptor_advanced(q_descriptor, (step / 4) * kWgQPlaneBytes + k_offset),
+                         descriptor_advanced(key_descriptor, (step / 4) * kWgKeyPlaneBytes + k_offset),
+                         step > 0 ? 1u : 0u);
+  }
+  wgmma_commit();
+}
+
+// O[64 x 256] += P[64 x 32] V[32 x 256] for the consumer group's dims (two steps of 16 keys).
+DSV4_DEVICE void issue_values(float (&o)[128], uint32_t prob_tile, uint32_t key_tile, int group) {
+  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#pragma unroll
+  for (int step = 0; step < kTileKeys / 16; ++step) {
+    wgmma_m64n256k16_bf16_b_mn_major(
+        o, swizzled64_tile_descriptor(prob_tile + step * 32),
+        mn_major_swizzled_descriptor(key_tile + group * (kWgOutDims / kWgPlaneDims) * kWgKeyPlaneBytes +
+                                         step * 16 * 128,
+                                     kWgKeyPlaneBytes),
+        1u);
+  }
+  wgmma_commit();
+}
+
+// The row's key list and this split's part of it, as every kernel of the file reads them.
+struct SplitKeys {
+  int64_t main_begin, main_count, extra_begin, first, last;
+};
+DSV4_DEVICE SplitKeys split_keys(const SparseMlaDecodeArgs& args, int64_t t, int split, int splits) {
+  SplitKeys k;
+  k.main_begin = args.main.row_begin(t);
+  k.main_count = args.main.row_end(t) - k.main_begin;
+  k.extra_begin = 0;
+  int64_t extra_count = 0;
+  if (args.extra.bytes != nullptr) {
+    k.extra_begin = args.extra.row_begin(t);
+    extra_count = args.extra.row_end(t) - k.extra_begin;
+  }
+  const int64_t count = k.main_count + extra_count;
+  // Through a shuffle from lane 0: equal in every thread anyway, and the compiler then sees the loops over
+  // them warp-uniform (it keeps MMAs asynchronous only on paths it sees so).
+  k.first = shuffle_from(count * split / splits, 0, kWarpSize);
+  k.last = shuffle_from(count * (split + 1) / splits, 0, kWarpSize);
+  return k;
+}
+
+// The producer group: records copied two tiles ahead, each tile decoded into key tile i % 3 once the
+// consumers are done with the tile there before.
+DSV4_DEVICE void produce_key_tiles(const SparseMlaDecodeArgs& args, const SplitKeys& k, WgmmaShared& sh,
+                                   int worker) {
+  for (int c = worker; c < 512; c += kWgGroupThreads) {
+    sh.tables[c / 256][c % 256] =
+        table_value(c < 256 ? args.main.format : args.extra.format, static_cast<uint8_t>(c % 256));
+  }
+  const uint32_t ocp_tables =
+      (args.main.format == Fp8Format::kOCP ? 1u : 0u) | (args.extra.format == Fp8Format::kOCP ? 2u : 0u);
+  const int stage_key = worker / (kWgGroupThreads / kTileKeys);
+  const auto slot_at = [&](int64_t p) {
+    return fetch_slot(args, k.main_begin, k.main_count, k.extra_begin, p + stage_key, k.last);
+  };
+  const auto stage_records = [&](int64_t tile, int64_t slot, int index) {
+    if (tile < k.last) {
+      stage_tile<kWgGroupThreads>(args, k.main_count, tile, k.last, slot, sh.stage[index], sh.stage_table[index],
+                                  worker);
+    }
+    copy_async_commit();
+  };
+  stage_records(k.first, slot_at(k.first), 0);
+  stage_records(k.first + kTileKeys, slot_at(k.first + kTileKeys), 1);
+  int64_t next_slot = slot_at(k.first + 2 * kTileKeys);
+  int i = 0;
+  for (int64_t tile = k.first; tile < k.last; tile += kTileKeys, ++i) {
+    // Tile i's records landed (tile i + 1's may still fly) and, after the barrier, every producer thread's
+    // are visible and every thread is done with tile i - 1's stage: tile i + 2's records go there.
+    copy_async_wait<1>();
+    named_barrier_sync(kBarrierProducer, kWgGroupThreads);
+    stage_records(tile + 2 * kTileKeys, next_slot, (i + 2) % kWgStages);
+    next_slot = slot_at(tile + 3 * kTileKeys);
+    const int key_tile = i % kWgKeyTiles;
+    if (i >= kWgKeyTiles) named_barrier_sync(kBarrierEmpty + key_tile, kWgThreads);  // P V of tile i - 3 done
+    decode_staged_tile_swizzled(sh.stage[i % kWgStages], sh.stage_table[i % kWgStages], sh.keys[key_tile],
+                                sh.key_table[key_tile], sh.tables, ocp_tables, worker);
+    fence_shared_writes_for_wgmma();
+    named_barrier_arrive(kBarrierFull + key_tile, kWgThreads);
+  }
+}
+#endif
+
+__global__ void __launch_bounds__(kWgThreads, 1) sparse_mla_wgmma_kernel(SparseMlaDecodeArgs args) {
+  // Launched to overlap the kernel before (launch_overlapping): nothing is read or written before its end.
+  wait_for_previous_kernel();
+#if defined(DSV4_WGMMA)
+  extern __shared__ __align__(1024) unsigned char wg_shared[];
+  const uint32_t shared_raw = shared_window_address(wg_shared);
+  const uint32_t padding = swizzle_atom_aligned(shared_raw) - shared_raw;
+  WgmmaShared& sh = *reinterpret_cast<WgmmaShared*>(wg_shared + padding);
+  const int tid = threadIdx.x;
+  const int64_t t = blockIdx.x;
+  const int64_t h0 = static_cast<int64_t>(blockIdx.y) * kWgHeads;
+  const int split = blockIdx.z;
+  const int splits = gridDim.z;
+  const SplitKeys k = split_keys(args, t, split, splits);
+  const int group = shuffle_from(tid / kWgGroupThreads, 0, kWarpSize);  // warp-uniform to the compiler as well
+  if (group == 2) {
+    produce_key_tiles(args, k, sh, tid - kWgConsumerThreads);
+    return;
+  }
+  const int lane = tid % kWarpSize;
+  const int row0 = 16 * ((tid / kWarpSize) % 4) + lane / 4;  // this thread's head rows: row0 and row0 + 8
+  const int quad = lane % 4;
+  const uint32_t q_tile = shared_window_address(sh.q);
+
+  {  // Q into its swizzled tile (heads >= H: zeros)
+    const uint16_t* q_row = args.q + t * args.q_token_stride;
+    const bool aligned = is_aligned(q_row, 16) && args.q_head_stride % 8 == 0;
+    for (int c = tid; c < kWgHeads * kDim / 8; c += kWgConsumerThreads) {  // head row c / 64, dims 8 (c % 64)
+      const int row = c / (kDim / 8);
+      const int chunk = c % (kDim / 8);
+      const int64_t head = h0 + row;
+      const uint16_t* src = q_row + head * args.q_head_stride + chunk * 8;
+      const uint32_t offset = swizzled_chunk_offset(row, chunk, kWgQPlaneBytes);
+      if (aligned) {
+        copy_async_16_or_zeros(q_tile + offset, head < args.heads ? src : q_row, head < args.heads);
+      } else {
+        uint16_t v[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+        if (head < args.heads) {
+          for (int e = 0; e < 8; ++e) v[e] = src[e];
+        }
+        *reinterpret_cast<uint4*>(sh.q + offset) = *reinterpret_cast<const uint4*>(v);
+      }
+    }
+    copy_async_commit();
+    copy_async_wait<0>();
+    fence_shared_writes_for_wgmma();
+    named_barrier_sync(kBarrierScores, kWgConsumerThreads);
+  }
+
+  float o[128];
+#pragma unroll
+  for (int j = 0; j < 128; ++j) o[j] = 0.0f;
+  float s[8];
+  float m[2] = {-FLT_MAX, -FLT_MAX};
+  float l[2] = {0.0f, 0.0f};  // this thread's part of each row's sum: its own keys
+  // Every wait is for all groups: the compiler keeps the MMAs asynchronous only where it can see that no
+  // accumulator is touched while its MMA runs.
+  int i = 0;
+  for (int64_t tile = k.first; tile < k.last; tile += kTileKeys, ++i) {
+    const int key_tile = i % kWgKeyTiles;
+    // 1. QK(i) once the producer has decoded tile i; then S(i) and PV(i - 1) done, which frees the key tile
+    //    of tile i - 1 for tile i + 2 (both groups' arrivals count).
+    named_barrier_sync(kBarrierFull + key_tile, kWgThreads);
+    issue_scores(s, q_tile, shared_window_address(sh.keys[key_tile]), group);
+    wgmma_wait<0>();
+    pin_registers(s);
+    pin_registers(o);
+    if (i >= 1 && tile + 2 * kTileKeys < k.last) {
+      named_barrier_arrive(kBarrierEmpty + (i - 1) % kWgKeyTiles, kWgThreads);
+    }
+    // 2. Scores scaled, missing keys -inf, the row maxima exchanged.
+    float sc[8];
+    float tile_max[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      const int key = group * kWgScoreKeys + 8 * (j / 4) + 2 * quad + (j % 2);
+      sc[j] = sh.key_table[key_tile][key] >= 0 ? args.scale * s[j] : -INFINITY;
+      tile_max[(j / 2) % 2] = fmaxf(tile_max[(j / 2) % 2], sc[j]);
+    }
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      tile_max[r] = fmaxf(tile_max[r], shuffle_xor(tile_max[r], 1, 4));
+      tile_max[r] = fmaxf(tile_max[r], shuffle_xor(tile_max[r], 2, 4));
+    }
+    if (quad == 0) {
+      sh.row_max[group][row0] = tile_max[0];
+      sh.row_max[group][row0 + 8] = tile_max[1];
+    }
+    named_barrier_sync(kBarrierScores, kWgConsumerThreads);  // row maxima out; PV(i - 1) done in both groups
+    // 3. P(i) in bf16, the running sums, P into its tile.
+    float alpha[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const float m_new = fmaxf(m[r], fmaxf(tile_max[r], sh.row_max[1 - group][row0 + 8 * r]));
+      alpha[r] = expf(m[r] - m_new);
+      m[r] = m_new;
+    }
+    float sum[2] = {0.0f, 0.0f};
+#pragma unroll
+    for (int j = 0; j < 8; j += 2) {
+      const int r = (j / 2) % 2;
+      const uint32_t pair = bf16x2(expf(sc[j] - m[r]), expf(sc[j + 1] - m[r]));
+      sum[r] += bf16_bits_to_float(static_cast<uint16_t>(pair & 0xffffu)) +
+                bf16_bits_to_float(static_cast<uint16_t>(pair >> 16));
+      const int row = row0 + 8 * r;
+      const int chunk = 2 * group + j / 4;  // keys [8 chunk, +8) of the row
+      *reinterpret_cast<uint32_t*>(sh.probs + row * kWgProbRowBytes + ((chunk ^ ((row >> 1) & 3)) * 16) +
+                                   4 * quad) = pair;
+    }
+#pragma unroll
+    for (int r = 0; r < 2; ++r) l[r] = l[r] * alpha[r] + sum[r];
+    fence_shared_writes_for_wgmma();
+    named_barrier_sync(kBarrierProbs, kWgConsumerThreads);  // P(i) complete
+    // 4. PV(i).
+#pragma unroll
+    for (int j = 0; j < 128; ++j) o[j] *= alpha[(j / 2) % 2];
+    issue_values(o, shared_window_address(sh.probs), shared_window_address(sh.keys[key_tile]), group);
+  }
+  wgmma_wait<0>();
+  pin_registers(o);
+
+  // Each row's sum: the quad's parts, then the two groups'.
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    l[r] += shuffle_xor(l[r], 1, 4);
+    l[r] += shuffle_xor(l[r], 2, 4);
+  }
+  if (quad == 0) {
+    sh.row_l[group][row0] = l[0];
+    sh.row_l[group][row0 + 8] = l[1];
+  }
+  named_barrier_sync(kBarrierScores, kWgConsumerThreads);
+#pragma unroll
+  for (int r = 0; r < 2; ++r) l[r] = sh.row_l[0][row0 + 8 * r] + sh.row_l[1][row0 + 8 * r];
+
+  // Accumulator j of this thread: head row row0 + 8 ((j / 2) % 2), dim 256 group + 8 (j / 4) + 2 quad + j % 2.
+  const int dim0 = group * kWgOutDims + 2 * quad;
+  if (splits == 1) {
+    // One split: sink, normalization, inverse RoPE, bf16 out (the kernel above's epilogue).
+    const int64_t rope_row = args.inverse_rope ? args.rope.row_of(t) : 0;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int64_t head = h0 + row0 + 8 * r;
+      float sink = args.sink != nullptr && head < args.heads ? args.sink[head] : -INFINITY;
+      sink = sink != sink ? -INFINITY : sink;
+      const float row_max = fmaxf(sink, m[r]);
+      const float weight = expf(m[r] - row_max);
+      const float denominator = expf(sink - row_max) + weight * l[r];
+      const bool empty = !(denominator > 0.0f) || sink == INFINITY;
+#pragma unroll
+      for (int n = 0; n < kWgOutDims / 8; ++n) {
+        float& a = o[4 * n + 2 * r];
+        float& b = o[4 * n + 2 * r + 1];
+        a = empty ? 0.0f : (weight * a) / denominator;
+        b = empty ? 0.0f : (weight * b) / denominator;
+        const int dim = dim0 + 8 * n;
+        if (args.inverse_rope && dim >= ds_mla::kNopeDim) {
+          const int pair = (dim - ds_mla::kNopeDim) / 2;
+          rope_unrotate_pair(a, b, args.rope.value(rope_row, pair),
+                             args.rope.value(rope_row, ds_mla::kRopeDim / 2 + pair));
+        }
+      }
+      if (head >= args.heads) continue;
+      uint16_t* out_row = args.out + t * args.out_token_stride + head * args.out_head_stride;
+#pragma unroll
+      for (int n = 0; n < kWgOutDims / 8; ++n) {
+        out_row[dim0 + 8 * n] = float_to_bf16_bits(o[4 * n + 2 * r]);
+        out_row[dim0 + 8 * n + 1] = float_to_bf16_bits(o[4 * n + 2 * r + 1]);
+      }
+    }
+    return;
+  }
+  // The split's partials (the reduce kernel's input).
+  const int64_t row_base = (t * splits + split) * args.heads;
+  float* acc_out = args.partials;
+  float* ml_out = args.partials + args.tokens * splits * args.heads * kDim;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int64_t head = h0 + row0 + 8 * r;
+    if (head >= args.heads) continue;
+    float* acc_row = acc_out + (row_base + head) * kDim + dim0;
+#pragma unroll
+    for (int n = 0; n < kWgOutDims / 8; ++n) {
+      *reinterpret_cast<float2*>(acc_row + 8 * n) = make_float2(o[4 * n + 2 * r], o[4 * n + 2 * r + 1]);
+    }
+    if (group == 0 && quad == 0) {
+      ml_out[(row_base + head) * 2] = m[r];
+      ml_out[(row_base + head) * 2 + 1] = l[r];
+    }
+  }
+#endif
+}
+#endif  // !__HIPCC__
+
 // One block per (t, head). The splits' (m, l) are read once, in parallel, into shared memory; every
 // thread then folds them in split order (the same order and arithmetic as a serial loop) and sums its 4
 // dims of the splits' accumulators with several loads in flight: at T = 1 a serial chain of 36 global
@@ -1064,11 +1455,71 @@ LaunchStatus launch_partial(const SparseMlaDecodeArgs& args, hipStream_t stream)
 #endif
 }
 
+#if !defined(__HIPCC__)
+// The warpgroup-MMA kernel serves calls of more than 32 heads (it pads them to 64) with at least 32 (row,
+// 64-head) blocks and rows of at least 512 keys on average, on a device that runs it. Elsewhere the 16/32-head
+// kernel was as fast or faster on the H200 (same device, against it: 640 and 1152 keys a row 1.16-1.37x
+// faster at T = 32 and 128; 384 keys 0.69-1.13x, 192 keys 0.54-1.02x, where a block's fixed cost weighs
+// more; 64 heads at T = 8 20.6 us against 19.1, T = 1 14.6 against 11.2; 16 heads T = 128 86.6 against 50.7).
+constexpr int64_t kWgMinHeads = 33;
+constexpr int64_t kWgMinBlocks = 32;
+constexpr int64_t kWgMinKeysPerRow = 512;
+
+bool sparse_mla_uses_wgmma(const SparseMlaDecodeArgs& args) {
+  if (args.heads < kWgMinHeads || args.tokens <= 0) return false;
+  const int64_t keys = args.main.index_count + (args.extra.bytes != nullptr ? args.extra.index_count : 0);
+  return args.tokens * ((args.heads + kWgHeads - 1) / kWgHeads) >= kWgMinBlocks &&
+         keys >= kWgMinKeysPerRow * args.tokens && device_runs_wgmma();
+}
+
+// Its split count: one block a multiprocessor (its shared memory), so the least modelled time of
+// ceil(blocks * splits / multiprocessors) rounds of (a block's fixed cost + its tiles), plus the reduce and
+// the partials for several splits.
+int wgmma_num_splits(const SparseMlaDecodeArgs& args) {
+  const int64_t blocks = args.tokens * ((args.heads + kWgHeads - 1) / kWgHeads);
+  const int64_t multiprocessors = device_multiprocessors();
+  if (blocks >= multiprocessors) return 1;
+  constexpr double kBlockFixedNs = 3000;
+  constexpr double kTileNs = 1300;
+  constexpr double kReduceNs = 2500;
+  constexpr double kPartialRowNs = 1.0;
+  const int64_t keys = args.main.index_count + (args.extra.bytes != nullptr ? args.extra.index_count : 0);
+  const int64_t per_row = (keys + args.tokens - 1) / args.tokens;
+  const int64_t tiles = (per_row + kTileKeys - 1) / kTileKeys;
+  const int64_t max_splits = tiles < 1 ? 1 : (tiles > kMaxAutoSplits ? kMaxAutoSplits : tiles);
+  const int64_t padded_heads = (args.heads + kWgHeads - 1) / kWgHeads * kWgHeads;
+  int64_t best = 1;
+  double best_cost = -1;
+  for (int64_t splits = 1; splits <= max_splits; ++splits) {
+    const int64_t rounds = (blocks * splits + multiprocessors - 1) / multiprocessors;
+    double cost = static_cast<double>(rounds) *
+                  (kBlockFixedNs + kTileNs * static_cast<double>((tiles + splits - 1) / splits));
+    if (splits > 1) cost += kReduceNs + kPartialRowNs * static_cast<double>(args.tokens * padded_heads * splits);
+    if (best_cost < 0 || cost < best_cost) {
+      best = splits;
+      best_cost = cost;
+    }
+  }
+  return static_cast<int>(best);
+}
+
+LaunchStatus launch_wgmma_partial(const SparseMlaDecodeArgs& args, hipStream_t stream) {
+  if (!allow_dynamic_shared_memory<sparse_mla_wgmma_kernel>(kWgSharedBytes)) return LaunchStatus::kLaunchFailed;
+  const dim3 grid(static_cast<unsigned>(args.tokens), static_cast<unsigned>((args.heads + kWgHeads - 1) / kWgHeads),
+                  static_cast<unsigned>(args.num_splits));
+  launch_overlapping(sparse_mla_wgmma_kernel, grid, dim3(kWgThreads), kWgSharedBytes, stream, args);
+  return last_launch_status();
+}
+#endif
+
 }  // namespace
 
 int sparse_mla_decode_num_splits(const SparseMlaDecodeArgs& args, int requested) {
   if (requested > 0) return requested;
   if (args.tokens <= 0 || args.heads <= 0) return 1;
+#if !defined(__HIPCC__)
+  if (sparse_mla_uses_wgmma(args)) return wgmma_num_splits(args);
+#endif
   const int64_t rows_per_block = heads_per_block(args.tokens, args.heads);
   const int64_t blocks = args.tokens * ((args.heads + rows_per_block - 1) / rows_per_block);
   const int64_t multiprocessors = device_multiprocessors();
@@ -1141,7 +1592,8 @@ LaunchStatus launch_sparse_mla_decode(const SparseMlaDecodeArgs& args, void* str
 #if DSV4_SPARSE_MLA_MFMA_LAYOUT
   const LaunchStatus partial = launch_partial<1>(args, hip_stream);
 #else
-  const LaunchStatus partial = heads_per_block(args.tokens, args.heads) == 2 * kHeadsPerBlock
+  const LaunchStatus partial = sparse_mla_uses_wgmma(args) ? launch_wgmma_partial(args, hip_stream)
+                               : heads_per_block(args.tokens, args.heads) == 2 * kHeadsPerBlock
                                    ? launch_partial<2>(args, hip_stream)
                                    : launch_partial<1>(args, hip_stream);
 #endif
