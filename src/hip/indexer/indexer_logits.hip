@@ -500,7 +500,7 @@ constexpr size_t kWgSharedBytes = kWgKeyBytes + kWgStages * (kWgQBytes + kWgWeig
 DSV4_DEVICE void wgmma_row_scores(float (&acc0)[32], float (&acc1)[32], uint32_t a_tile, uint32_t b_tile) {
   pin_registers(acc0);
   pin_registers(acc1);
-  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+  wgmma_fence();
 #pragma unroll
   for (int s = 0; s < kWgDim / 32; ++s) {
     wgmma_m64n64k32(acc0, swizzled_tile_descriptor(a_tile + 32 * s), swizzled_tile_descriptor(b_tile + 32 * s),
@@ -511,8 +511,8 @@ DSV4_DEVICE void wgmma_row_scores(float (&acc0)[32], float (&acc1)[32], uint32_t
     wgmma_m64n64k32(acc1, swizzled_tile_descriptor(a_tile + 64 * kWgDim + 32 * s),
                     swizzled_tile_descriptor(b_tile + 32 * s), s > 0 ? 1u : 0u);
   }
-  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
-  asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+  wgmma_commit();
+  wgmma_wait<0>();
   pin_registers(acc0);
   pin_registers(acc1);
 }
@@ -561,14 +561,14 @@ DSV4_DEVICE void wgmma_pair_logits(uint32_t a_tile, uint32_t b_tile, const float
 #pragma unroll
   for (int tile = 0; tile < 2; ++tile) {
     pin_registers(acc);
-    asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+    wgmma_fence();
 #pragma unroll
     for (int s = 0; s < kWgDim / 32; ++s) {
       wgmma_m64n128k32(acc, swizzled_tile_descriptor(a_tile + tile * 64 * kWgDim + 32 * s),
                        swizzled_tile_descriptor(b_tile + 32 * s), s > 0 ? 1u : 0u);
     }
-    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
-    asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+    wgmma_commit();
+    wgmma_wait<0>();
     pin_registers(acc);
     add_weighted_relu(acc, weights, lane, v[0][2 * tile], v[0][2 * tile + 1]);
     add_weighted_relu(acc + 32, weights + kWgHeads, lane, v[1][2 * tile], v[1][2 * tile + 1]);

@@ -1064,20 +1064,13 @@ DSV4_DEVICE void decode_staged_tile_swizzled(const uint8_t* stage, const int* st
   }
 }
 
-// Closes the group of the wgmma issued since the last commit.
-DSV4_DEVICE void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-
-template <int kPending>
-DSV4_DEVICE void wgmma_wait() {
-  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(kPending) : "memory");
-}
 
 // Scores of the consumer group's 16 keys of a tile: S[64 x 16] = Q K^T over the 512 dims (32 steps of 16).
 DSV4_DEVICE void issue_scores(float (&s)[8], uint32_t q_tile, uint32_t key_tile, int group) {
   const uint64_t q_descriptor = swizzled_tile_descriptor(q_tile);
   const uint64_t key_descriptor = swizzled_tile_descriptor(key_tile + group * kWgScoreKeys * 128);
   pin_registers(s);
-  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+  wgmma_fence();
 #pragma unroll
   for (int step = 0; step < kDim / 16; ++step) {
     const uint32_t k_offset = static_cast<uint32_t>((step % 4) * 32);  // 16 dims along the 128-byte row
@@ -1090,7 +1083,7 @@ DSV4_DEVICE void issue_scores(float (&s)[8], uint32_t q_tile, uint32_t key_tile,
 
 // O[64 x 256] += P[64 x 32] V[32 x 256] for the consumer group's dims (two steps of 16 keys).
 DSV4_DEVICE void issue_values(float (&o)[128], uint32_t prob_tile, uint32_t key_tile, int group) {
-  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+  wgmma_fence();
 #pragma unroll
   for (int step = 0; step < kTileKeys / 16; ++step) {
     wgmma_m64n256k16_bf16_b_mn_major(

@@ -1058,7 +1058,7 @@ __global__ void __launch_bounds__(128 * kWarpGroups) bmm_wgmma_kernel(BmmA8W8MxS
     const uint64_t a_tile = swizzled_tile_descriptor(stage + warp_group * 64 * kBlockK);
     const uint64_t b_tile = swizzled_tile_descriptor(stage + Shape::kBlockM * kBlockK);
     pin_registers(product);
-    asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+    wgmma_fence();
 #pragma unroll
     for (int s = 0; s < kBlockK / 32; ++s) {
       const uint64_t a_desc = descriptor_advanced(a_tile, 32 * s);
@@ -1069,9 +1069,9 @@ __global__ void __launch_bounds__(128 * kWarpGroups) bmm_wgmma_kernel(BmmA8W8MxS
         wgmma_m64n64k32(product, a_desc, b_desc, s > 0 ? 1u : 0u);
       }
     }
-    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+    wgmma_commit();
     if (fold_previous) {
-      asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");  // block kb - 1's product is done
+      wgmma_wait<1>();  // block kb - 1's product is done
       pin_registers(previous);
       fold(previous, acc, pending_xs_lo, pending_xs_hi, pending_ws);
     }
@@ -1089,11 +1089,11 @@ __global__ void __launch_bounds__(128 * kWarpGroups) bmm_wgmma_kernel(BmmA8W8MxS
   }
   if (kb < k_blocks) {
     step(true, kb, part_odd, part_even);
-    asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+    wgmma_wait<0>();
     pin_registers(part_odd);
     fold(part_odd, acc, pending_xs_lo, pending_xs_hi, pending_ws);
   } else {
-    asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+    wgmma_wait<0>();
     pin_registers(part_even);
     fold(part_even, acc, pending_xs_lo, pending_xs_hi, pending_ws);
   }

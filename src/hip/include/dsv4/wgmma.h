@@ -128,6 +128,19 @@ DSV4_DEVICE uint32_t swizzle_atom_aligned(uint32_t shared_address) { return (sha
 // wgmma reads of it, which go through the async proxy; a barrier then extends that to the block.
 DSV4_DEVICE void fence_shared_writes_for_wgmma() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 
+// Orders this warp group's register accesses before the wgmma issued after it (needed before the first wgmma and
+// whenever its accumulators or operands were touched by other instructions).
+DSV4_DEVICE void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+
+// Closes the group of the wgmma issued since the last commit.
+DSV4_DEVICE void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+
+// Waits until at most kPending of the warp group's committed groups are still running.
+template <int kPending>
+DSV4_DEVICE void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(kPending) : "memory");
+}
+
 // Keeps the compiler from moving reads or writes of an accumulator across the wgmma fence and wait
 // instructions (the asm statements that multiply into it do not say when the unit writes it).
 template <int kCount>
