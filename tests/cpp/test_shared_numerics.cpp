@@ -125,4 +125,41 @@ TEST(DsMlaNopeDecode, Bf16IsTruncationFromTheBoundFnuz) {
   expect_truncation_exact_from_bound<dsv4::Fp8Format::kFNUZ>();
 }
 
+// The integer NoPE decode gives dequantize_nope_value's bf16 bit for bit, for every code it accepts, in
+// both halves of a pair and at every scale byte of its range; it accepts every code with a nonzero exponent
+// field but the 0x7f magnitude, and nothing else.
+template <dsv4::Fp8Format F>
+void expect_integer_decode_exact() {
+  namespace ds_mla = dsv4::ds_mla;
+  const uint32_t bias = dsv4::Fp8Traits<F>::kExponentBias;
+  for (int code = 0; code < 256; ++code) {
+    const uint32_t word = 0x08080800u | static_cast<uint32_t>(code);  // the other three codes decodable
+    const bool accepted = ds_mla::integer_decodable_fp8x4(word) == 0x80808080u;
+    const bool expected = (code & 0x78) != 0 && (code & 0x7f) != 0x7f;
+    EXPECT_EQ(accepted, expected) << "code " << code;
+    EXPECT_EQ(ds_mla::integer_decodable_fp8x4(word) & 0x80808000u, 0x80808000u);
+  }
+  for (uint32_t scale = ds_mla::kIntegerDecodeMinScale; scale <= ds_mla::kIntegerDecodeMaxScale; ++scale) {
+    const uint32_t offset = ds_mla::integer_decode_offset(scale, bias);
+    const float block_scale = dsv4::ue8m0_decode(static_cast<uint8_t>(scale));
+    int mismatches = 0;
+    for (int low = 0; low < 256; ++low) {
+      if ((low & 0x78) == 0 || (low & 0x7f) == 0x7f) continue;
+      for (int high = 0; high < 256; ++high) {
+        if ((high & 0x78) == 0 || (high & 0x7f) == 0x7f) continue;
+        const uint32_t four = static_cast<uint32_t>(low | (high << 8) | (high << 16) | (low << 24));
+        const uint32_t want = dsv4::float_to_bf16_bits(ds_mla::dequantize_nope_value<F>(low, block_scale)) |
+                              (dsv4::float_to_bf16_bits(ds_mla::dequantize_nope_value<F>(high, block_scale)) << 16);
+        const uint32_t want_swapped = (want >> 16) | (want << 16);
+        mismatches += ds_mla::integer_decode_bf16x2(ds_mla::spread_fp8_pair<0>(four), offset) != want;
+        mismatches += ds_mla::integer_decode_bf16x2(ds_mla::spread_fp8_pair<1>(four), offset) != want_swapped;
+      }
+    }
+    EXPECT_EQ(mismatches, 0) << "scale byte " << scale;
+  }
+}
+
+TEST(DsMlaNopeDecode, IntegerDecodeIsExactOcp) { expect_integer_decode_exact<dsv4::Fp8Format::kOCP>(); }
+TEST(DsMlaNopeDecode, IntegerDecodeIsExactFnuz) { expect_integer_decode_exact<dsv4::Fp8Format::kFNUZ>(); }
+
 }  // namespace

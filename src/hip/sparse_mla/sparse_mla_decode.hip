@@ -485,8 +485,9 @@ DSV4_DEVICE void store_key(const KeyLoad& load, uint16_t* row, int lane, const f
 
 #if DSV4_SPARSE_MLA_ASYNC_STAGE
 // The slot at position p of the row's key list (its main indices, then its extra ones); -1 past `last`
-// (then never used). Loaded a tile ahead of its copies, so that the index load's latency is hidden.
-DSV4_DEVICE int64_t fetch_slot(const SparseMlaDecodeArgs& args, int64_t main_begin, int64_t main_count,
+// (then never used). Loaded a tile ahead of its copies, so that the index load's latency is hidden: kept
+// 32-bit (as stored) until used, since widening it right after the load would wait for the load there.
+DSV4_DEVICE int32_t fetch_slot(const SparseMlaDecodeArgs& args, int64_t main_begin, int64_t main_count,
                                int64_t extra_begin, int64_t p, int64_t last) {
   if (p >= last) return -1;
   return p < main_count ? args.main.indices[main_begin + p] : args.extra.indices[extra_begin + p - main_count];
@@ -544,14 +545,44 @@ constexpr int kRopePiecesPerKey = ds_mla::kRopeDim / kPieceDims;      // 8
 static_assert(kNopePieces % kWarpSize == 0, "the partial pass ends on a warp boundary");
 static_assert(kTileKeys * kRopePiecesPerKey == kThreads, "one RoPE piece a thread");
 
-// NoPE piece `piece` (dims [16 piece, +16)) of a staged record as two chunks of 8 bf16; table < 0: zeros.
-DSV4_DEVICE void decode_staged_nope(const uint8_t* record, int table, int piece, const float (*tables)[256],
-                                    uint32_t ocp_tables, uint4& low, uint4& high) {
+// NoPE piece `piece` (dims [16 piece, +16)) of a staged record: its 16 codes and its block's scale byte.
+struct StagedPiece {
+  uint4 codes;
+  uint32_t scale_byte;
+};
+DSV4_DEVICE StagedPiece load_staged_piece(const uint8_t* record, int piece) {
+  return {*reinterpret_cast<const uint4*>(record + piece * kNopePieceDims),
+          record[ds_mla::kDataBytes + piece * kNopePieceDims / ds_mla::kQuantBlock]};
+}
+
+// A staged NoPE piece as two chunks of 8 bf16; table < 0 (no key): zeros.
+DSV4_DEVICE void decode_nope_piece(const StagedPiece& staged, int table, const float (*tables)[256],
+                                   uint32_t ocp_tables, uint4& low, uint4& high) {
   low = make_uint4(0, 0, 0, 0);
   high = make_uint4(0, 0, 0, 0);
   if (table < 0) return;
-  const uint4 codes = *reinterpret_cast<const uint4*>(record + piece * kNopePieceDims);
-  const uint32_t scale_byte = record[ds_mla::kDataBytes + piece * kNopePieceDims / ds_mla::kQuantBlock];
+  const uint4 codes = staged.codes;
+  const uint32_t scale_byte = staged.scale_byte;
+  // Nearly every piece of real keys: the integer decode of ds_mla.h (no table, no conversion instruction;
+  // the conversions were most of the decode's issue slots). Zero, subnormal and NaN codes and unusual scales
+  // take the paths below.
+  const uint32_t decodable = ds_mla::integer_decodable_fp8x4(codes.x) & ds_mla::integer_decodable_fp8x4(codes.y) &
+                             ds_mla::integer_decodable_fp8x4(codes.z) & ds_mla::integer_decodable_fp8x4(codes.w);
+  if (decodable == 0x80808080u && scale_byte - ds_mla::kIntegerDecodeMinScale <=
+                                      ds_mla::kIntegerDecodeMaxScale - ds_mla::kIntegerDecodeMinScale) {
+    const uint32_t exponent_bias = ((ocp_tables >> table) & 1u) ? Fp8Traits<Fp8Format::kOCP>::kExponentBias
+                                                                 : Fp8Traits<Fp8Format::kFNUZ>::kExponentBias;
+    const uint32_t offset = ds_mla::integer_decode_offset(scale_byte, exponent_bias);
+    const auto pairs = [offset](uint32_t x, uint32_t y) {
+      return make_uint4(ds_mla::integer_decode_bf16x2(ds_mla::spread_fp8_pair<0>(x), offset),
+                        ds_mla::integer_decode_bf16x2(ds_mla::spread_fp8_pair<1>(x), offset),
+                        ds_mla::integer_decode_bf16x2(ds_mla::spread_fp8_pair<0>(y), offset),
+                        ds_mla::integer_decode_bf16x2(ds_mla::spread_fp8_pair<1>(y), offset));
+    };
+    low = pairs(codes.x, codes.y);
+    high = pairs(codes.z, codes.w);
+    return;
+  }
 #if defined(DSV4_SPARSE_MLA_OCP_CONVERT)
   if ((ocp_tables >> table) & 1u) {
     low = decode_ocp_fp8x8(make_uint2(codes.x, codes.y), scale_byte);
@@ -564,6 +595,15 @@ DSV4_DEVICE void decode_staged_nope(const uint8_t* record, int table, int piece,
   const uint32_t table_offset = static_cast<uint32_t>(table) * sizeof(tables[0]);
   low = decode_fp8x8(make_uint2(codes.x, codes.y), scale_byte, tables, table_offset);
   high = decode_fp8x8(make_uint2(codes.z, codes.w), scale_byte, tables, table_offset);
+}
+
+DSV4_DEVICE void decode_staged_nope(const uint8_t* record, int table, int piece, const float (*tables)[256],
+                                    uint32_t ocp_tables, uint4& low, uint4& high) {
+  if (table < 0) {
+    low = high = make_uint4(0, 0, 0, 0);
+    return;
+  }
+  decode_nope_piece(load_staged_piece(record, piece), table, tables, ocp_tables, low, high);
 }
 
 // Stores a decoded NoPE piece's two chunks. Pieces 4..7 of each group of 8 store theirs in the other order: a
@@ -681,7 +721,7 @@ __global__ void DSV4_SPARSE_MLA_BOUNDS sparse_mla_partial_kernel(SparseMlaDecode
                sh.stage_table, tid);
   }
   copy_async_commit();
-  int64_t next_slot = fetch_slot(args, main_begin, main_count, extra_begin, first + kTileKeys + stage_key, last);
+  int32_t next_slot = fetch_slot(args, main_begin, main_count, extra_begin, first + kTileKeys + stage_key, last);
 #endif
   for (int c = tid; c < 512; c += kThreads) {
     sh.tables[c / 256][c % 256] =
@@ -1024,6 +1064,14 @@ struct WgmmaShared {  // at a 1024-byte boundary: the swizzled tiles first
   float row_l[2][kWgHeads];
 };
 constexpr size_t kWgSharedBytes = sizeof(WgmmaShared) + 1024;  // + alignment
+// The epilogue's staging of the block's 64 result rows over q and keys (contiguous): bf16 or fp32 rows.
+constexpr int kWgOutRowBytes = kDim * 2;
+constexpr int kWgOutChunks = kWgOutRowBytes / 16;
+constexpr int kWgPartialRowBytes = kDim * 4;
+constexpr int kWgPartialChunks = kWgPartialRowBytes / 16;
+static_assert(offsetof(WgmmaShared, keys) == sizeof(WgmmaShared::q) &&
+                  kWgHeads * kWgPartialRowBytes <= sizeof(WgmmaShared::q) + sizeof(WgmmaShared::keys),
+              "the staged rows fit in q and the key tiles");
 static_assert(kWgSharedBytes <= 227 * 1024, "an sm_90 block's shared memory");
 
 #if defined(DSV4_WGMMA)
@@ -1039,17 +1087,31 @@ DSV4_DEVICE uint32_t swizzled_chunk_offset(int row, int chunk, int plane_bytes) 
   return static_cast<uint32_t>((chunk / 8) * plane_bytes + row * 128 + (((chunk % 8) ^ (row % 8)) * 16));
 }
 
-// The staged tile into a swizzled key tile, by the producer group (decode_staged_tile's pieces).
+// The staged tile into a swizzled key tile, by the producer group (decode_staged_tile's pieces). Each thread
+// reads all its 7 pieces before it decodes any: with one producer warp a scheduler, nothing else hides a
+// shared-memory read's latency.
+constexpr int kWgPiecesPerWorker = kNopePieces / kWgGroupThreads;  // 7
+static_assert(kNopePieces % kWgGroupThreads == 0, "whole passes");
 DSV4_DEVICE void decode_staged_tile_swizzled(const uint8_t* stage, const int* stage_table, uint8_t* tile,
                                              int* key_table, const float (*tables)[256], uint32_t ocp_tables,
                                              int worker) {
   if (worker < kTileKeys) key_table[worker] = stage_table[worker];
-#pragma unroll 2
-  for (int job = worker; job < kNopePieces; job += kWgGroupThreads) {
+  StagedPiece staged[kWgPiecesPerWorker];
+  int table[kWgPiecesPerWorker];
+#pragma unroll
+  for (int j = 0; j < kWgPiecesPerWorker; ++j) {
+    const int job = worker + j * kWgGroupThreads;
+    const int key = job / kNopePiecesPerKey;
+    table[j] = stage_table[key];
+    staged[j] = load_staged_piece(stage + key * kStageStride, job % kNopePiecesPerKey);
+  }
+#pragma unroll
+  for (int j = 0; j < kWgPiecesPerWorker; ++j) {
+    const int job = worker + j * kWgGroupThreads;
     const int key = job / kNopePiecesPerKey;
     const int piece = job % kNopePiecesPerKey;
     uint4 low, high;
-    decode_staged_nope(stage + key * kStageStride, stage_table[key], piece, tables, ocp_tables, low, high);
+    decode_nope_piece(staged[j], table[j], tables, ocp_tables, low, high);
     store_piece(piece, reinterpret_cast<uint4*>(tile + swizzled_chunk_offset(key, 2 * piece, kWgKeyPlaneBytes)),
                 reinterpret_cast<uint4*>(tile + swizzled_chunk_offset(key, 2 * piece + 1, kWgKeyPlaneBytes)), low,
                 high);
@@ -1132,7 +1194,7 @@ DSV4_DEVICE void produce_key_tiles(const SparseMlaDecodeArgs& args, const SplitK
   const auto slot_at = [&](int64_t p) {
     return fetch_slot(args, k.main_begin, k.main_count, k.extra_begin, p + stage_key, k.last);
   };
-  const auto stage_records = [&](int64_t tile, int64_t slot, int index) {
+  const auto stage_records = [&](int64_t tile, int32_t slot, int index) {
     if (tile < k.last) {
       stage_tile<kWgGroupThreads>(args, k.main_count, tile, k.last, slot, sh.stage[index], sh.stage_table[index],
                                   worker);
@@ -1141,7 +1203,7 @@ DSV4_DEVICE void produce_key_tiles(const SparseMlaDecodeArgs& args, const SplitK
   };
   stage_records(k.first, slot_at(k.first), 0);
   stage_records(k.first + kTileKeys, slot_at(k.first + kTileKeys), 1);
-  int64_t next_slot = slot_at(k.first + 2 * kTileKeys);
+  int32_t next_slot = slot_at(k.first + 2 * kTileKeys);
   int i = 0;
   for (int64_t tile = k.first; tile < k.last; tile += kTileKeys, ++i) {
     // Tile i's records landed (tile i + 1's may still fly) and, after the barrier, every producer thread's
@@ -1296,59 +1358,88 @@ __global__ void __launch_bounds__(kWgThreads, 1) sparse_mla_wgmma_kernel(SparseM
   for (int r = 0; r < 2; ++r) l[r] = sh.row_l[0][row0 + 8 * r] + sh.row_l[1][row0 + 8 * r];
 
   // Accumulator j of this thread: head row row0 + 8 ((j / 2) % 2), dim 256 group + 8 (j / 4) + 2 quad + j % 2.
+  // The block's 64 result rows leave through shared memory, so that global memory sees whole 16-byte chunks
+  // of rows (one- and two-byte stores scattered over 8 rows a warp took a third of the block's time at
+  // 20 tiles a row). Q's tile and the key tiles hold them: every product of both groups is done (the
+  // barrier above) and the producer has nothing left to write.
   const int dim0 = group * kWgOutDims + 2 * quad;
+  uint8_t* const staging = sh.q;
   if (splits == 1) {
-    // One split: sink, normalization, inverse RoPE, bf16 out (the kernel above's epilogue).
+    // One split: sink, normalization, inverse RoPE, bf16 (the kernel above's epilogue) into a [64 x 512]
+    // bf16 tile (16-byte chunk c of row r at c ^ (r % 8): a warp's 8 rows on distinct banks).
     const int64_t rope_row = args.inverse_rope ? args.rope.row_of(t) : 0;
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      const int64_t head = h0 + row0 + 8 * r;
+      const int row = row0 + 8 * r;
+      const int64_t head = h0 + row;
       float sink = args.sink != nullptr && head < args.heads ? args.sink[head] : -INFINITY;
       sink = sink != sink ? -INFINITY : sink;
       const float row_max = fmaxf(sink, m[r]);
       const float weight = expf(m[r] - row_max);
       const float denominator = expf(sink - row_max) + weight * l[r];
       const bool empty = !(denominator > 0.0f) || sink == INFINITY;
+      const float factor = weight / denominator;
 #pragma unroll
       for (int n = 0; n < kWgOutDims / 8; ++n) {
-        float& a = o[4 * n + 2 * r];
-        float& b = o[4 * n + 2 * r + 1];
-        a = empty ? 0.0f : (weight * a) / denominator;
-        b = empty ? 0.0f : (weight * b) / denominator;
+        float a = empty ? 0.0f : o[4 * n + 2 * r] * factor;
+        float b = empty ? 0.0f : o[4 * n + 2 * r + 1] * factor;
         const int dim = dim0 + 8 * n;
         if (args.inverse_rope && dim >= ds_mla::kNopeDim) {
           const int pair = (dim - ds_mla::kNopeDim) / 2;
           rope_unrotate_pair(a, b, args.rope.value(rope_row, pair),
                              args.rope.value(rope_row, ds_mla::kRopeDim / 2 + pair));
         }
+        const int chunk = dim / 8;
+        *reinterpret_cast<uint32_t*>(staging + row * kWgOutRowBytes + ((chunk ^ (row % 8)) * 16) + 4 * quad) =
+            float_to_bf16_bits(a) | (static_cast<uint32_t>(float_to_bf16_bits(b)) << 16);
       }
+    }
+    named_barrier_sync(kBarrierScores, kWgConsumerThreads);
+    const bool aligned = is_aligned(args.out, 16) && args.out_token_stride % 8 == 0 && args.out_head_stride % 8 == 0;
+    for (int c = tid; c < kWgHeads * kWgOutChunks; c += kWgConsumerThreads) {
+      const int row = c / kWgOutChunks;
+      const int chunk = c % kWgOutChunks;
+      const int64_t head = h0 + row;
       if (head >= args.heads) continue;
-      uint16_t* out_row = args.out + t * args.out_token_stride + head * args.out_head_stride;
-#pragma unroll
-      for (int n = 0; n < kWgOutDims / 8; ++n) {
-        out_row[dim0 + 8 * n] = float_to_bf16_bits(o[4 * n + 2 * r]);
-        out_row[dim0 + 8 * n + 1] = float_to_bf16_bits(o[4 * n + 2 * r + 1]);
+      const uint4 v = *reinterpret_cast<const uint4*>(staging + row * kWgOutRowBytes + ((chunk ^ (row % 8)) * 16));
+      uint16_t* dst = args.out + t * args.out_token_stride + head * args.out_head_stride + chunk * 8;
+      if (aligned) {
+        *reinterpret_cast<uint4*>(dst) = v;
+      } else {
+        const uint32_t words[4] = {v.x, v.y, v.z, v.w};
+        for (int e = 0; e < 8; ++e) dst[e] = static_cast<uint16_t>(words[e / 2] >> (16 * (e % 2)));
       }
     }
     return;
   }
-  // The split's partials (the reduce kernel's input).
+  // The split's partials (the reduce kernel's input): (m, l) per row, and the fp32 accumulators through a
+  // [64 x 512] fp32 tile (16-byte chunk c of row r at c ^ 2 (r % 8)) to the block's 64 consecutive rows.
   const int64_t row_base = (t * splits + split) * args.heads;
   float* acc_out = args.partials;
   float* ml_out = args.partials + args.tokens * splits * args.heads * kDim;
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
-    const int64_t head = h0 + row0 + 8 * r;
-    if (head >= args.heads) continue;
-    float* acc_row = acc_out + (row_base + head) * kDim + dim0;
+    const int row = row0 + 8 * r;
 #pragma unroll
     for (int n = 0; n < kWgOutDims / 8; ++n) {
-      *reinterpret_cast<float2*>(acc_row + 8 * n) = make_float2(o[4 * n + 2 * r], o[4 * n + 2 * r + 1]);
+      const int chunk = (dim0 + 8 * n) / 4;
+      *reinterpret_cast<float2*>(staging + row * kWgPartialRowBytes + ((chunk ^ (2 * (row % 8))) * 16) +
+                                 8 * (quad % 2)) = make_float2(o[4 * n + 2 * r], o[4 * n + 2 * r + 1]);
     }
-    if (group == 0 && quad == 0) {
+    const int64_t head = h0 + row;
+    if (group == 0 && quad == 0 && head < args.heads) {
       ml_out[(row_base + head) * 2] = m[r];
       ml_out[(row_base + head) * 2 + 1] = l[r];
     }
+  }
+  named_barrier_sync(kBarrierScores, kWgConsumerThreads);
+  for (int c = tid; c < kWgHeads * kWgPartialChunks; c += kWgConsumerThreads) {
+    const int row = c / kWgPartialChunks;
+    const int chunk = c % kWgPartialChunks;
+    const int64_t head = h0 + row;
+    if (head >= args.heads) continue;
+    *reinterpret_cast<float4*>(acc_out + (row_base + head) * kDim + chunk * 4) =
+        *reinterpret_cast<const float4*>(staging + row * kWgPartialRowBytes + ((chunk ^ (2 * (row % 8))) * 16));
   }
 #endif
 }

@@ -79,6 +79,46 @@ DSV4_HD float dequantize_nope_value(uint8_t code, float block_scale) {
 // convert many values skip the rounding work for such blocks.
 inline constexpr uint8_t kTruncationExactScaleByte = 11;
 
+// Integer decode of NoPE codes, for the GPU readers' hot loops. For a code whose exponent field is 1..15
+// and whose low 7 bits are not 0x7f (NaN in OCP; +-240 in FNUZ, left to the general path as well), and a
+// scale byte s in [kIntegerDecodeMinScale, kIntegerDecodeMaxScale], dequantize_nope_value's product is a
+// normal fp32 with at most 4 significant bits, so its bf16 is exact: sign at bit 15, exponent field
+// E - bias + s (1..248), the code's 3 mantissa bits at bits 4..6. That is the code's sign moved to bit 15,
+// its low 7 bits moved up by 4, plus (s - bias) << 7: integer work only, no conversion instruction.
+inline constexpr uint32_t kIntegerDecodeMinScale = 8;    // E = 1, bias 8: exponent field >= 1
+inline constexpr uint32_t kIntegerDecodeMaxScale = 240;  // E = 15, bias 7: exponent field <= 248
+
+// Bit 7 of byte i is set iff code i of the word decodes by the integer path.
+DSV4_HD uint32_t integer_decodable_fp8x4(uint32_t four_codes) {
+  const uint32_t magnitudes = four_codes & 0x7f7f7f7fu;
+  const uint32_t has_exponent = magnitudes + 0x78787878u;  // bit 7: magnitude >= 8 (no carry leaves a byte)
+  const uint32_t is_top = magnitudes + 0x01010101u;        // bit 7: magnitude == 0x7f
+  return has_exponent & ~is_top & 0x80808080u;
+}
+
+// The per-half term (s - bias) << 7 of integer_decode_bf16x2 for a scale byte in the range above.
+DSV4_HD uint32_t integer_decode_offset(uint32_t scale_byte, uint32_t exponent_bias) {
+  return (scale_byte - exponent_bias) * 0x00800080u;
+}
+
+// Codes i, i + 1 of a word as bits 0..7 and 16..23 (pair 0: codes 0, 1; pair 1: codes 2, 3).
+template <int kPair>
+DSV4_HD uint32_t spread_fp8_pair(uint32_t four_codes) {
+#if defined(__CUDA_ARCH__)
+  return __byte_perm(four_codes, 0u, kPair == 0 ? 0x4140u : 0x4342u);
+#else
+  const uint32_t pair = four_codes >> (16 * kPair);
+  return (pair & 0xffu) | ((pair & 0xff00u) << 8);
+#endif
+}
+
+// The bf16 pair (low half first) of two integer-decodable codes in bits 0..7 and 16..23 (the other bits
+// zero). code * 16 puts the low 7 bits in place and the sign at bit 11; adding sign * 240 carries it to bit
+// 15. No carry crosses into the high half: the low half stays below 0x8000 + 0x7f0 + 232 * 128.
+DSV4_HD uint32_t integer_decode_bf16x2(uint32_t two_codes, uint32_t offset) {
+  return two_codes * 16u + (two_codes & 0x00800080u) * 240u + offset;
+}
+
 // One whole record back to its 512 bf16 values: the NoPE dims through dequantize_nope_value and a bf16
 // rounding (exact but for under- or overflow), then the stored bf16 RoPE dims (little-endian).
 template <Fp8Format F>
