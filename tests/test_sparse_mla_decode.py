@@ -500,6 +500,39 @@ def test_every_code_and_scale_byte_decodes_exactly(device, fmt):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("fmt", [Fp8Format.OCP, Fp8Format.FNUZ])
+@pytest.mark.parametrize("num_splits", [1, 2])
+def test_gpu_every_code_decodes_exactly_in_warpgroup_tiles(fmt, num_splits):
+    """The records of the test above at sizes the sm_90a warp-specialized kernel serves (64 heads, 32 rows
+    of 512 slots): each row reads one record, at a position that moves through the first tile, among 511
+    negative slots (skipped), with q = 0, so the output is the decoded key bit for bit (its producer's
+    decode of every code under every kind of scale byte, integer and general paths)."""
+    records = 9
+    cache = torch.zeros(2, 64 * 584, dtype=torch.uint8)
+    data = cache[0, : 64 * 576].view(64, 576)
+    scale_bytes = cache[0, 64 * 576 :].view(64, 8)
+    generator = torch.Generator().manual_seed(94)
+    choices = torch.tensor([0, 1, 2, 8, 60, 119, 127, 128, 200, 240, 241, 250, 253, 254, 255], dtype=torch.uint8)
+    for r in range(records):
+        data[r, :448] = ((torch.arange(448) * 7 + 37 * r) % 256).to(torch.uint8)
+        data[r, 448:] = torch.randn(64, generator=generator).to(torch.bfloat16).view(torch.uint8)
+        scale_bytes[r, :7] = choices[(torch.arange(7) + 7 * r) % len(choices)]
+    data[4, :448] = ((torch.arange(448) % 112) + 8).to(torch.uint8)  # normal codes only: the integer path
+    scale_bytes[4, :7] = torch.tensor([8, 60, 119, 127, 128, 200, 240], dtype=torch.uint8)
+    data[1, 448:450] = torch.tensor([0xC0, 0x7F], dtype=torch.uint8)  # NaN
+    data[2, 452:454] = torch.tensor([0x80, 0x7F], dtype=torch.uint8)  # +Inf
+    want = reference.read_cache_rows(cache, torch.arange(records), 64, fmt).to(torch.bfloat16)
+    rows, keys, heads = 32, 512, 64
+    q = torch.zeros(rows, heads, 512, dtype=torch.bfloat16)
+    indices, indptr = ragged([[-1] * (t % 32) + [t % records] + [-1] * (keys - 1 - t % 32) for t in range(rows)])
+    q, cache, indices, indptr = to("cuda", q, cache, indices, indptr)
+    got = dsv4ops.sparse_mla_decode(q, cache, indices, indptr, 64, main_format=fmt.name.lower(),
+                                    num_splits=num_splits)
+    expected = want[torch.arange(rows) % records][:, None, :].expand(rows, heads, 512)
+    assert torch.equal(got.cpu(), expected), "each key must come back exactly"
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("heads", [16, 20, 64])
 def test_gpu_each_head_finds_its_key(heads):
     """Head h's query is 4x key (h mod 24): its scores pick that key with weight ~1 (the S = Q K^T

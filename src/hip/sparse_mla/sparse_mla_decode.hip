@@ -10,9 +10,10 @@
 //      with cp.async while the current tile is computed; AMD loads each tile's records into registers.
 //   2. The records are decoded into a bf16 [32, 512] shared tile (NVIDIA: from the stage, each thread a
 //      16-value NoPE piece within one scale block per pass and one RoPE piece; AMD: 32 threads per key,
-//      from registers): NoPE bytes through a 256-entry table of the cache's own encoding (OCP keys on
-//      NVIDIA: the FP8 conversion instruction) times the block's UE8M0 scale, the RoPE tail copied, every
-//      non-finite value replaced by 0 (the CPU kernel's values exactly).
+//      from registers): NoPE bytes through a 256-entry table of the cache's own encoding (NVIDIA: pieces
+//      of normal codes by integer operations, other OCP pieces by the FP8 conversion instruction) times
+//      the block's UE8M0 scale, the RoPE tail copied, every non-finite value replaced by 0 (the CPU
+//      kernel's values exactly).
 //   3. S = Q K^T on the matrix units (Q in shared memory): warp w computes the 16x16 S tiles of keys
 //      [16 (w % 2), +16) over a slice of the 512 dims for every head group; the slices are summed in
 //      shared memory.
@@ -555,6 +556,28 @@ DSV4_DEVICE StagedPiece load_staged_piece(const uint8_t* record, int piece) {
           record[ds_mla::kDataBytes + piece * kNopePieceDims / ds_mla::kQuantBlock]};
 }
 
+// The paths for the pieces the integer decode does not take (table >= 0). Out of line: rare, and large next
+// to the integer path (the decode loops stay small in the instruction cache).
+struct DecodedPiece {
+  uint4 low, high;
+};
+__device__ __noinline__ DecodedPiece decode_nope_piece_general(const StagedPiece staged, int table,
+                                                               const float (*tables)[256], uint32_t ocp_tables) {
+  const uint4 codes = staged.codes;
+  const uint32_t scale_byte = staged.scale_byte;
+#if defined(DSV4_SPARSE_MLA_OCP_CONVERT)
+  if ((ocp_tables >> table) & 1u) {
+    return {decode_ocp_fp8x8(make_uint2(codes.x, codes.y), scale_byte),
+            decode_ocp_fp8x8(make_uint2(codes.z, codes.w), scale_byte)};
+  }
+#else
+  (void)ocp_tables;
+#endif
+  const uint32_t table_offset = static_cast<uint32_t>(table) * sizeof(tables[0]);
+  return {decode_fp8x8(make_uint2(codes.x, codes.y), scale_byte, tables, table_offset),
+          decode_fp8x8(make_uint2(codes.z, codes.w), scale_byte, tables, table_offset)};
+}
+
 // A staged NoPE piece as two chunks of 8 bf16; table < 0 (no key): zeros.
 DSV4_DEVICE void decode_nope_piece(const StagedPiece& staged, int table, const float (*tables)[256],
                                    uint32_t ocp_tables, uint4& low, uint4& high) {
@@ -563,9 +586,9 @@ DSV4_DEVICE void decode_nope_piece(const StagedPiece& staged, int table, const f
   if (table < 0) return;
   const uint4 codes = staged.codes;
   const uint32_t scale_byte = staged.scale_byte;
-  // Nearly every piece of real keys: the integer decode of ds_mla.h (no table, no conversion instruction;
-  // the conversions were most of the decode's issue slots). Zero, subnormal and NaN codes and unusual scales
-  // take the paths below.
+  // Nearly every piece of real keys: the integer decode of ds_mla.h (no table lookups, no conversion
+  // instructions, fewer instructions than either). Zero, subnormal and NaN codes and unusual scales take the
+  // general paths.
   const uint32_t decodable = ds_mla::integer_decodable_fp8x4(codes.x) & ds_mla::integer_decodable_fp8x4(codes.y) &
                              ds_mla::integer_decodable_fp8x4(codes.z) & ds_mla::integer_decodable_fp8x4(codes.w);
   if (decodable == 0x80808080u && scale_byte - ds_mla::kIntegerDecodeMinScale <=
@@ -583,18 +606,9 @@ DSV4_DEVICE void decode_nope_piece(const StagedPiece& staged, int table, const f
     high = pairs(codes.z, codes.w);
     return;
   }
-#if defined(DSV4_SPARSE_MLA_OCP_CONVERT)
-  if ((ocp_tables >> table) & 1u) {
-    low = decode_ocp_fp8x8(make_uint2(codes.x, codes.y), scale_byte);
-    high = decode_ocp_fp8x8(make_uint2(codes.z, codes.w), scale_byte);
-    return;
-  }
-#else
-  (void)ocp_tables;
-#endif
-  const uint32_t table_offset = static_cast<uint32_t>(table) * sizeof(tables[0]);
-  low = decode_fp8x8(make_uint2(codes.x, codes.y), scale_byte, tables, table_offset);
-  high = decode_fp8x8(make_uint2(codes.z, codes.w), scale_byte, tables, table_offset);
+  const DecodedPiece decoded = decode_nope_piece_general(staged, table, tables, ocp_tables);
+  low = decoded.low;
+  high = decoded.high;
 }
 
 DSV4_DEVICE void decode_staged_nope(const uint8_t* record, int table, int piece, const float (*tables)[256],
