@@ -401,11 +401,14 @@ def test_gpu_two_head_groups_per_block(heads, tokens, ratio, topk):
     assert_close_to_reference(got, on_cpu)
 
 
-# Batches of at least 32 (row, 64-head) blocks at more than 32 heads, rows of at least 512 keys: on sm_90a
-# the warp-specialized warpgroup-MMA kernel serves them (heads padded to 64; 100 heads leave a partial block).
-# C4A rows: the window and top-k 512 of the committed entries; C128A rows at 64k+: the window and 512+ entries.
+# Batches of at least 32 (row, 64-head) blocks at more than 32 heads with rows of at least 384 keys, or 64+
+# blocks with rows of 192+ keys: on sm_90a the warp-specialized warpgroup-MMA kernel serves them (heads padded
+# to 64; 100 heads leave a partial block). C4A rows: the window and top-k 512 of the committed entries; C128A
+# rows at 64k+: the window and 512+ entries; at 33k: ~385 keys; at 8k: ~193 keys (only the 80-block shape
+# takes the warpgroup kernel there).
 WARPGROUP_SHAPES = [(64, 32), (100, 40), (128, 20)]
-WARPGROUP_LAYERS = [pytest.param(4, 512, 2100, id="c4a"), pytest.param(128, None, 65600, id="c128a")]
+WARPGROUP_LAYERS = [pytest.param(4, 512, 2100, id="c4a"), pytest.param(128, None, 65600, id="c128a"),
+                    pytest.param(128, None, 33000, id="c128a-33k"), pytest.param(128, None, 8300, id="c128a-8k")]
 
 
 @pytest.mark.gpu
@@ -413,8 +416,8 @@ WARPGROUP_LAYERS = [pytest.param(4, 512, 2100, id="c4a"), pytest.param(128, None
 @pytest.mark.parametrize("ratio,topk,first_position", WARPGROUP_LAYERS)
 @pytest.mark.parametrize("main_fmt", [Fp8Format.OCP, Fp8Format.FNUZ])
 def test_gpu_warpgroup_kernel_against_reference(heads, tokens, ratio, topk, first_position, main_fmt):
-    """The warpgroup kernel's sizes, both layer types with long rows and both main-cache encodings, automatic
-    splits: the reference's answer within the tolerance."""
+    """The warpgroup kernel's sizes, both layer types (C128A at three row lengths) and both main-cache
+    encodings, automatic splits: the reference's answer within the tolerance."""
     positions = [first_position + 53 * i for i in range(tokens)]
     main_cache, extra_cache, main, extra, q, sink = layer_case(ratio, topk, heads, positions, main_fmt, seed=100,
                                                                device="cuda")
