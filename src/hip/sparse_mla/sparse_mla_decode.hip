@@ -1581,8 +1581,9 @@ bool sparse_mla_uses_wgmma(const SparseMlaDecodeArgs& args) {
 // Its split count: one block a multiprocessor (its shared memory), so the least modelled time of
 // ceil(blocks * splits / multiprocessors) rounds of (a block's fixed cost + its tiles), plus the reduce and
 // the partials for several splits. The constants are the design's estimates, not fitted: on the H200 a tile
-// takes ~5 us, not 1.3, which changes none of the choices at the benchmark's sizes (T = 32: 4 splits at 640
-// and 1152 keys a row, 64 heads; 2 at 128 heads; T = 128: one).
+// takes ~2.5 us and a block ~14 us besides (64 heads, T = 128, one split). Those would give the same choices
+// at 640 and 1152 keys a row (T = 32: 4 splits at 64 heads, 2 at 128; T = 128: one) but more splits for T = 32
+// rows of 384 keys (4 instead of 3 at 64 heads, 2 instead of 1 at 128): not measured yet.
 int wgmma_num_splits(const SparseMlaDecodeArgs& args) {
   const int64_t blocks = args.tokens * ((args.heads + kWgHeads - 1) / kWgHeads);
   const int64_t multiprocessors = device_multiprocessors();
