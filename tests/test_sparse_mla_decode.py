@@ -640,3 +640,23 @@ def test_strided_q_and_out(device):
                                         out=out_view)
         assert got.data_ptr() == out_view.data_ptr()
         assert torch.equal(got, want)
+
+
+@pytest.mark.gpu
+def test_gpu_warpgroup_kernel_strided_q_and_out():
+    """The same at the warpgroup kernel's sizes (64 heads, 32 rows of 400 keys): its Q load and its staged
+    epilogue take their element-wise paths for these views and give the contiguous call's bits."""
+    main_cache = written_cache(1024, 64, Fp8Format.OCP, seed=102, device="cuda")
+    generator = torch.Generator().manual_seed(103)
+    indices, indptr = ragged([torch.randint(0, 1024, (400,), generator=generator).tolist() for _ in range(32)])
+    indices, indptr = indices.cuda(), indptr.cuda()
+    q = torch.randn(32, 64, 512, generator=generator).to(torch.bfloat16).cuda()
+    q_view = torch.zeros(32, 64, 513, dtype=torch.bfloat16, device="cuda")[..., :512]
+    q_view.copy_(q)
+    out_view = torch.zeros(32, 64, 515, dtype=torch.bfloat16, device="cuda")[..., 1:513]
+    for splits in (1, 2):
+        want = dsv4ops.sparse_mla_decode(q, main_cache, indices, indptr, 64, main_format="ocp", num_splits=splits)
+        got = dsv4ops.sparse_mla_decode(q_view, main_cache, indices, indptr, 64, main_format="ocp",
+                                        num_splits=splits, out=out_view)
+        assert got.data_ptr() == out_view.data_ptr()
+        assert torch.equal(got, want)
