@@ -3,6 +3,7 @@
 // ragged row ranges, and when the cache readers may skip the bf16 rounding (dsv4/ds_mla.h).
 #include <gtest/gtest.h>
 
+#include <cfloat>
 #include <cmath>
 #include <random>
 
@@ -99,6 +100,32 @@ TEST(SparseKeySource, RowRangesAreClampedToTheIndexList) {
   EXPECT_EQ(source.row_end(1), 5);
   EXPECT_EQ(source.row_begin(2), 5);
   EXPECT_EQ(source.row_end(2), 5);  // an end before its begin is an empty row
+}
+
+// The sparse-MLA sink rule every reduce shares: NaN sinks and heads past the op's read as no sink; a row is
+// zeros without weight or under a +inf sink; otherwise out = weight * acc / denominator with the sink in the
+// denominator only.
+TEST(SparseMlaSink, RuleOfTheReduce) {
+  const float sinks[3] = {0.5f, NAN, INFINITY};
+  dsv4::SparseMlaDecodeArgs args{};
+  args.heads = 3;
+  EXPECT_EQ(dsv4::head_sink(args, 0), -INFINITY);  // no sink tensor
+  args.sink = sinks;
+  EXPECT_EQ(dsv4::head_sink(args, 0), 0.5f);
+  EXPECT_EQ(dsv4::head_sink(args, 1), -INFINITY);
+  EXPECT_EQ(dsv4::head_sink(args, 2), INFINITY);
+  EXPECT_EQ(dsv4::head_sink(args, 3), -INFINITY);  // a padding row of a GPU block
+  const dsv4::SinkFold plain = dsv4::fold_sink(-INFINITY, 2.0f, 3.0f);
+  EXPECT_FALSE(plain.empty);
+  EXPECT_EQ(plain.weight, 1.0f);
+  EXPECT_EQ(plain.denominator, 3.0f);
+  const dsv4::SinkFold with_sink = dsv4::fold_sink(2.0f, 1.0f, 4.0f);
+  EXPECT_FLOAT_EQ(with_sink.weight, std::exp(-1.0f));
+  EXPECT_FLOAT_EQ(with_sink.denominator, 1.0f + 4.0f * std::exp(-1.0f));
+  EXPECT_FALSE(with_sink.empty);
+  EXPECT_TRUE(dsv4::fold_sink(-INFINITY, -FLT_MAX, 0.0f).empty);  // no keys
+  EXPECT_TRUE(dsv4::fold_sink(INFINITY, 1.0f, 1.0f).empty);       // +inf sink takes all the weight
+  EXPECT_FALSE(dsv4::fold_sink(3.0f, -FLT_MAX, 0.0f).empty);      // only the sink: zeros through acc = 0
 }
 
 // From kTruncationExactScaleByte up, every decoded NoPE value's bf16 is the top half of its fp32 bits,

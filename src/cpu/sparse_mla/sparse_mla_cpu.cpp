@@ -83,8 +83,7 @@ void sparse_mla_decode(const SparseMlaDecodeArgs& args, int64_t begin, int64_t e
       }
       // Reduce with the sink: it enlarges the denominator only. A NaN sink counts as no sink; a +inf sink
       // takes all the weight (zeros, through the denominator check below).
-      float sink = args.sink != nullptr ? args.sink[h] : -INFINITY;
-      sink = sink != sink ? -INFINITY : sink;
+      const float sink = head_sink(args, h);
       float m_all = sink;
       for (int s = 0; s < args.num_splits; ++s) m_all = std::fmax(m_all, split_max[s]);
       float denominator = std::exp(sink - m_all);
@@ -94,7 +93,7 @@ void sparse_mla_decode(const SparseMlaDecodeArgs& args, int64_t begin, int64_t e
         denominator += weight * split_sum[s];
         for (int i = 0; i < kHeadDim; ++i) out[i] += weight * acc[s * kHeadDim + i];
       }
-      const bool empty = count == 0 || !(denominator > 0.0f) || sink == INFINITY;
+      const bool empty = count == 0 || reduced_row_is_empty(denominator, sink);
       for (int i = 0; i < kHeadDim; ++i) out[i] = empty ? 0.0f : out[i] / denominator;
       if (args.inverse_rope) {
         const int64_t row = args.rope.row_of(t);

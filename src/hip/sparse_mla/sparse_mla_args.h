@@ -49,4 +49,31 @@ struct SparseMlaDecodeArgs {
   float* partials;
 };
 
+// The sink rule of the op's reduce (spec §3), shared by the CPU kernel and every GPU epilogue.
+// Head `head`'s sink logit: a NaN sink counts as no sink (-inf), and so do heads past the op's (the padding
+// rows of a GPU block).
+DSV4_HD float head_sink(const SparseMlaDecodeArgs& args, int64_t head) {
+  const float sink = args.sink != nullptr && head < args.heads ? args.sink[head] : -INFINITY;
+  return sink != sink ? -INFINITY : sink;
+}
+
+// Whether a reduced row is zeros: no weight at all (no keys, or none with a finite score), or a +inf sink
+// taking all of it.
+DSV4_HD bool reduced_row_is_empty(float denominator, float sink) {
+  return !(denominator > 0.0f) || sink == INFINITY;
+}
+
+// One split's (m, l) folded with the sink: the row's output is weight * acc / denominator, zeros if empty.
+struct SinkFold {
+  float weight;
+  float denominator;
+  bool empty;
+};
+DSV4_HD SinkFold fold_sink(float sink, float m, float l) {
+  const float row_max = fmaxf(sink, m);
+  const float weight = expf(m - row_max);
+  const float denominator = expf(sink - row_max) + weight * l;
+  return {weight, denominator, reduced_row_is_empty(denominator, sink)};
+}
+
 }  // namespace dsv4

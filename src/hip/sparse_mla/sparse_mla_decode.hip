@@ -943,15 +943,11 @@ __global__ void DSV4_SPARSE_MLA_BOUNDS sparse_mla_partial_kernel(SparseMlaDecode
       for (int r = 0; r < kAccPerTile; ++r) {
         const int row = g * kHeadsPerBlock + acc_row(lane, r);
         const int64_t head = h0 + row;
-        float sink = args.sink != nullptr && head < args.heads ? args.sink[head] : -INFINITY;
-        sink = sink != sink ? -INFINITY : sink;
-        const float row_max = fmaxf(sink, sh.row_m[row]);
-        const float weight = expf(sh.row_m[row] - row_max);
-        const float denominator = expf(sink - row_max) + weight * sh.row_l[row];
-        const bool empty = !(denominator > 0.0f) || sink == INFINITY;
+        const SinkFold fold =
+            fold_sink(head_sink(args, head), sh.row_m[row], sh.row_l[row]);
 #pragma unroll
         for (int j = 0; j < kOutTiles; ++j) {
-          acc[g][j].v[r] = empty ? 0.0f : (weight * acc[g][j].v[r]) / denominator;
+          acc[g][j].v[r] = fold.empty ? 0.0f : (fold.weight * acc[g][j].v[r]) / fold.denominator;
         }
       }
 #pragma unroll
@@ -1386,17 +1382,12 @@ __global__ void __launch_bounds__(kWgThreads, 1) sparse_mla_wgmma_kernel(SparseM
     for (int r = 0; r < 2; ++r) {
       const int row = row0 + 8 * r;
       const int64_t head = h0 + row;
-      float sink = args.sink != nullptr && head < args.heads ? args.sink[head] : -INFINITY;
-      sink = sink != sink ? -INFINITY : sink;
-      const float row_max = fmaxf(sink, m[r]);
-      const float weight = expf(m[r] - row_max);
-      const float denominator = expf(sink - row_max) + weight * l[r];
-      const bool empty = !(denominator > 0.0f) || sink == INFINITY;
-      const float factor = weight / denominator;
+      const SinkFold fold = fold_sink(head_sink(args, head), m[r], l[r]);
+      const float factor = fold.weight / fold.denominator;
 #pragma unroll
       for (int n = 0; n < kWgOutDims / 8; ++n) {
-        float a = empty ? 0.0f : o[4 * n + 2 * r] * factor;
-        float b = empty ? 0.0f : o[4 * n + 2 * r + 1] * factor;
+        float a = fold.empty ? 0.0f : o[4 * n + 2 * r] * factor;
+        float b = fold.empty ? 0.0f : o[4 * n + 2 * r + 1] * factor;
         const int dim = dim0 + 8 * n;
         if (args.inverse_rope && dim >= ds_mla::kNopeDim) {
           const int pair = (dim - ds_mla::kNopeDim) / 2;
@@ -1479,8 +1470,7 @@ __global__ void __launch_bounds__(kReduceThreads) sparse_mla_reduce_kernel(Spars
     split_l[threadIdx.x] = ml_in[row * 2 + 1];
   }
   __syncthreads();
-  float sink = args.sink != nullptr ? args.sink[h] : -INFINITY;
-  sink = sink != sink ? -INFINITY : sink;
+  const float sink = head_sink(args, h);
   float m_all = sink;
   for (int s = 0; s < splits; ++s) m_all = fmaxf(m_all, split_m[s]);
   float denominator = expf(sink - m_all);
@@ -1496,7 +1486,7 @@ __global__ void __launch_bounds__(kReduceThreads) sparse_mla_reduce_kernel(Spars
     out[2] += weight * a.z;
     out[3] += weight * a.w;
   }
-  const bool empty = !(denominator > 0.0f) || sink == INFINITY;
+  const bool empty = reduced_row_is_empty(denominator, sink);
 #pragma unroll
   for (int i = 0; i < 4; ++i) out[i] = empty ? 0.0f : out[i] / denominator;
   if (args.inverse_rope && d0 >= ds_mla::kNopeDim) {
