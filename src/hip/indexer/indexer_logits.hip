@@ -807,54 +807,32 @@ __global__ void __launch_bounds__(kWgThreads, 2)
   const int64_t tile_count = (key_limit + kWgKeys - 1) / kWgKeys;
   const int64_t first = static_cast<int64_t>(blockIdx.x) * tiles_per_block;
   const int64_t last = first + tiles_per_block < tile_count ? first + tiles_per_block : tile_count;
-  int64_t longest = 0;  // the rows' windows are [0, length)
-  for (int64_t t = 0; t < rows; ++t) {
-    int64_t lo, hi;
-    block.window(t, lo, hi);
-    longest = hi > longest ? hi : longest;
+  int64_t hi_pair[kTmaMaxRows] = {0, 0};  // the rows' windows are [0, length), read once (not after every tile)
+  int64_t longest = 0;
+#pragma unroll
+  for (int t = 0; t < kTmaMaxRows; ++t) {
+    int64_t lo;
+    if (t < rows) block.window(t, lo, hi_pair[t]);
+    longest = hi_pair[t] > longest ? hi_pair[t] : longest;
   }
   const int64_t seen_tiles = (longest + kWgKeys - 1) / kWgKeys;
   const int64_t visible_end = last < seen_tiles ? last : seen_tiles;  // tiles [first, visible_end) are multiplied
 
-  if (first < visible_end) {
-    if (tid == 0) {
-      for (int s = 0; s < kTmaStages; ++s) {
-        asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(base + kTmaBarrierOffset + s * 8));
-      }
-      asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-    }
-    const uint32_t copy_offset = wgmma_copy_offset(tid);
-    for (int t = 0; t < rows; ++t) {  // rows <= kTmaMaxRows
-      const uint8_t* q = block.q_row(t);
-#pragma unroll
-      for (int j = 0; j < kWgQBytes / 16 / kWgThreads; ++j) {
-        const int c = tid + j * kWgThreads;
-        copy_async_16(base + kTmaQOffset + t * kWgQBytes + copy_offset + j * kWgThreads * 16,
-                      q + (c / 8) * kWgDim + (c % 8) * 16);
-      }
-      if (tid < kWgWeightBytes / 16) {
-        copy_async_16(base + kTmaWeightOffset + t * kWgWeightBytes + tid * 16, block.weights(t) + tid * 4);
-      }
-    }
-    copy_async_commit();
-    copy_async_wait<0>();
-    fence_shared_writes_for_wgmma();
-  }
-  __syncthreads();  // q, weights and the barriers ready
-
   // Warp 0: tile first + i into stage i % kTmaStages (nothing for a tile no row sees). Lane l takes cache block
-  // l of the tile: its table entry, its key box and its scales.
-  const auto issue_tile = [&](int64_t i) {
+  // l of the tile: its table entry, its key box and its scales. The entry is looked up a tile ahead, so that the
+  // load's latency hides behind a tile's multiply instead of stalling warp 0, and with it warp group 0, after
+  // every tile.
+  const auto lookup_tile = [&](int64_t i) -> int64_t {
+    const int64_t key0 = (first + i) * kWgKeys + lane * block_size;
+    if (first + i >= visible_end || lane >= boxes || key0 >= key_limit) return -1;
+    const int64_t column = key0 / block_size;
+    const int64_t cache_block = column < args.table_cols ? block.keys.table[column] : -1;
+    return cache_block < args.num_blocks ? cache_block : -1;
+  };
+  const auto issue_tile = [&](int64_t i, int64_t cache_block) {
     if (first + i >= visible_end) return;
     const uint32_t stage = static_cast<uint32_t>(i % kTmaStages);
     const uint32_t barrier = base + kTmaBarrierOffset + stage * 8;
-    const int64_t key0 = (first + i) * kWgKeys + lane * block_size;
-    int64_t cache_block = -1;
-    if (lane < boxes && key0 < key_limit) {
-      const int64_t column = key0 / block_size;
-      cache_block = column < args.table_cols ? block.keys.table[column] : -1;
-      cache_block = cache_block < args.num_blocks ? cache_block : -1;
-    }
     const bool present = cache_block >= 0;
     if (lane < boxes) present_generic[stage * kTmaMaxBoxes + lane] = present ? 1 : 0;
     __syncwarp();  // the flags before lane 0's arrive, which releases them to the waiting threads
@@ -879,9 +857,42 @@ __global__ void __launch_bounds__(kWgThreads, 2)
                    : "memory");
     }
   };
-  if (tid < 32) {
-    for (int i = 0; i < kTmaStages; ++i) issue_tile(i);
+
+  // The first tiles' copies are issued before the rows' q and weights have landed, so that the two loads'
+  // latencies overlap (a block of a few tiles spends a good part of its time waiting for its first tile).
+  if (first < visible_end) {
+    const uint32_t copy_offset = wgmma_copy_offset(tid);
+    for (int t = 0; t < rows; ++t) {  // rows <= kTmaMaxRows
+      const uint8_t* q = block.q_row(t);
+#pragma unroll
+      for (int j = 0; j < kWgQBytes / 16 / kWgThreads; ++j) {
+        const int c = tid + j * kWgThreads;
+        copy_async_16(base + kTmaQOffset + t * kWgQBytes + copy_offset + j * kWgThreads * 16,
+                      q + (c / 8) * kWgDim + (c % 8) * 16);
+      }
+      if (tid < kWgWeightBytes / 16) {
+        copy_async_16(base + kTmaWeightOffset + t * kWgWeightBytes + tid * 16, block.weights(t) + tid * 4);
+      }
+    }
+    copy_async_commit();
+    if (tid < 32) {
+      int64_t cache_blocks[kTmaStages];
+#pragma unroll
+      for (int i = 0; i < kTmaStages; ++i) cache_blocks[i] = lookup_tile(i);
+      if (tid == 0) {
+        for (int s = 0; s < kTmaStages; ++s) {
+          asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(base + kTmaBarrierOffset + s * 8));
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+      }
+      __syncwarp();  // the barriers initialized before any lane's copy names them
+#pragma unroll
+      for (int i = 0; i < kTmaStages; ++i) issue_tile(i, cache_blocks[i]);
+    }
+    copy_async_wait<0>();
+    fence_shared_writes_for_wgmma();
   }
+  __syncthreads();  // q, weights and the barriers ready
 
   float acc0[32], acc1[32];
   for (int64_t i = 0; first + i < last; ++i) {
@@ -893,6 +904,7 @@ __global__ void __launch_bounds__(kWgThreads, 2)
       for (int64_t t = 0; t < rows && block.clean() && key_inside; ++t) block.logits(t)[my_key] = minus_inf();
       continue;
     }
+    const int64_t next_cache_block = tid < 32 ? lookup_tile(i + kTmaStages) : -1;
     const uint32_t stage = static_cast<uint32_t>(i % kTmaStages);
     const uint32_t parity = static_cast<uint32_t>((i / kTmaStages) & 1);
     while (!mbarrier_try_wait(base + kTmaBarrierOffset + stage * 8, parity)) {
@@ -900,12 +912,6 @@ __global__ void __launch_bounds__(kWgThreads, 2)
     const bool key_present = key_inside && present_generic[stage * kTmaMaxBoxes + key_offset / block_size] != 0;
     const float key_scale = scales_generic[stage * kWgKeys + key_offset];
     const uint32_t a_tile = base + stage * kWgKeyBytes + (tid / 128) * 128 * kWgDim;
-    int64_t hi_pair[kTmaMaxRows] = {0, 0};
-#pragma unroll
-    for (int t = 0; t < kTmaMaxRows; ++t) {
-      int64_t lo;
-      if (t < rows) block.window(t, lo, hi_pair[t]);
-    }
     float pair[2] = {0.0f, 0.0f};
     const bool both = rows == 2 && hi_pair[0] > n0 && hi_pair[1] > n0;  // one 128-column chain scores both rows
     if (both) wgmma_pair_logits(a_tile, base + kTmaQOffset, weights_generic, lane, pair);
@@ -932,7 +938,7 @@ __global__ void __launch_bounds__(kWgThreads, 2)
       }
     }
     __syncthreads();  // every warp group done with this stage
-    if (tid < 32) issue_tile(i + kTmaStages);
+    if (tid < 32) issue_tile(i + kTmaStages, next_cache_block);
   }
 #else
   (void)args;
