@@ -1570,16 +1570,18 @@ bool sparse_mla_uses_wgmma(const SparseMlaDecodeArgs& args) {
 
 // Its split count: one block a multiprocessor (its shared memory), so the least modelled time of
 // ceil(blocks * splits / multiprocessors) rounds of (a block's fixed cost + its tiles), plus the reduce and
-// the partials for several splits. The constants are the design's estimates, not fitted: on the H200 a tile
-// takes ~2.5 us and a block ~14 us besides (64 heads, T = 128, one split). Those would give the same choices
-// at 640 and 1152 keys a row (T = 32: 4 splits at 64 heads, 2 at 128; T = 128: one) but more splits for T = 32
-// rows of 384 keys (4 instead of 3 at 64 heads, 2 instead of 1 at 128): not measured yet.
+// the partials for several splits. The block and tile costs are the H200's (64 heads, T = 128, one split:
+// ~14 us a block besides ~2.5 us a 32-key tile). Against the earlier guesses (3 us, 1.3 us) they split more
+// where rows are short, each choice measured faster (H200, L2-warm, one split count against the other):
+// T = 32 rows of 512 keys at 128 heads 52.0 -> 38.6 us (2 splits, was 1), of 384 keys 42.1 -> 32.5; T = 64
+// rows of 512 keys at 64 heads 52.4 -> 39.0 us (2, was 1); T = 24 / 48 rows of 384 keys 42.6 -> 30.0 and
+// 42.2 -> 30.3 us; T = 32 rows of 384 keys at 64 heads 24.8 -> 24.1 us (4, was 3).
 int wgmma_num_splits(const SparseMlaDecodeArgs& args) {
   const int64_t blocks = args.tokens * ((args.heads + kWgHeads - 1) / kWgHeads);
   const int64_t multiprocessors = device_multiprocessors();
   if (blocks >= multiprocessors) return 1;
-  constexpr double kBlockFixedNs = 3000;
-  constexpr double kTileNs = 1300;
+  constexpr double kBlockFixedNs = 14000;
+  constexpr double kTileNs = 2500;
   constexpr double kReduceNs = 2500;
   constexpr double kPartialRowNs = 1.0;
   const int64_t keys = args.main.index_count + (args.extra.bytes != nullptr ? args.extra.index_count : 0);
