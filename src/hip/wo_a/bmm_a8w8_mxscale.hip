@@ -38,6 +38,9 @@
 //     block's largest product, keeping about 14 bits (an entry whose block sums cancel heavily can be off
 //     by ~2^-13 of its largest product); every block is still folded into an fp32 sum with its scales.
 //     The other kernels accumulate in fp32 throughout (mma.sync.e4m3 runs as f16 MMAs on sm_90).
+//   * sm_90a, fp32 block sums (the default), M > 64 with 128 x 128 tiles that fill the GPU, and 33..64 rows
+//     with 64 x 128 tiles: bmm_wgmma_kernel's exact form, the same ring whose FP8 blocks all threads convert
+//     to f16 (exact) in shared memory for f16 wgmma, which sums in fp32 as the mma.sync path does.
 // Rows past M load zeros and are not stored. 64-bit offsets throughout.
 #include "dsv4/async_copy.h"
 #include "dsv4/bf16.h"
@@ -913,15 +916,38 @@ struct WgmmaShape {
   static constexpr int kStageBytes = (kBlockM + kBlockN) * kBlockK;
   static constexpr int kChunks = kStageBytes / 16 / kThreads;  // 16-byte copies per thread and stage
   static constexpr int kAcc = kBlockN / 2;                      // fp32 accumulators per thread
+  // The exact form's f16 copy of one stage: A's then B's rows, each K block as two 64-wide atoms of 128-byte
+  // rows in the same swizzle (atom 0 of A, atom 1 of A, atom 0 of B, atom 1 of B).
+  static constexpr int kHalfStageBytes = 2 * kStageBytes;
   static_assert(kChunks * 16 * kThreads == kStageBytes, "staging");
 };
 
-template <int kWarpGroups, int kBlockN, int kStages>
+// kExact: the block sums in fp32 (the default numerics) through f16 wgmma: each K block's FP8 bytes, once
+// landed, are converted by all threads into one of two f16 copies (every e4m3 value is exact in f16, and the
+// f16 form accumulates its products in fp32), which the unit reads while the next block is converted.
+template <int kWarpGroups, int kBlockN, int kStages, bool kExact>
 constexpr size_t wgmma_shared_bytes() {
-  return static_cast<size_t>(kStages) * WgmmaShape<kWarpGroups, kBlockN>::kStageBytes + 1024;  // + alignment
+  using Shape = WgmmaShape<kWarpGroups, kBlockN>;
+  return static_cast<size_t>(kStages) * Shape::kStageBytes + (kExact ? 2 * Shape::kHalfStageBytes : 0) +
+         1024;  // + alignment
 }
 
-template <int kWarpGroups, int kBlockN, int kStages>
+// The 16 FP8 (OCP) codes of `codes` as 16 f16 values, in order.
+DSV4_DEVICE void ocp_fp8x16_to_f16(const uint4& codes, uint4& low, uint4& high) {
+  const uint32_t words[4] = {codes.x, codes.y, codes.z, codes.w};
+  uint32_t halves[8];
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    const uint32_t pair = (words[i / 2] >> (16 * (i % 2))) & 0xffffu;
+    asm("{\n .reg .b16 codes;\n cvt.u16.u32 codes, %1;\n cvt.rn.f16x2.e4m3x2 %0, codes;\n}"  // low byte first
+        : "=r"(halves[i])
+        : "r"(pair));
+  }
+  low = make_uint4(halves[0], halves[1], halves[2], halves[3]);
+  high = make_uint4(halves[4], halves[5], halves[6], halves[7]);
+}
+
+template <int kWarpGroups, int kBlockN, int kStages, bool kExact>
 __global__ void __launch_bounds__(128 * kWarpGroups) bmm_wgmma_kernel(BmmA8W8MxScaleArgs args) {
   wait_for_previous_kernel();  // launched to overlap the kernel before it (launch_overlapping)
 #if defined(DSV4_WGMMA)
@@ -1044,7 +1070,48 @@ __global__ void __launch_bounds__(128 * kWarpGroups) bmm_wgmma_kernel(BmmA8W8MxS
   for (int i = 0; i < kAcc; ++i) acc[i] = 0.0f;
   uint32_t pending_xs_lo = 127u, pending_xs_hi = 127u, pending_ws = 127u;  // scales of the product in flight
 
-  constexpr int kAhead = kStages - 2;  // K blocks in flight (one buffer waits for the product before it)
+  // K blocks in flight: one buffer fewer for the FP8 form, whose buffer waits for the product before it (the
+  // exact form is done with a buffer once it has converted it).
+  constexpr int kAhead = kExact ? kStages - 1 : kStages - 2;
+  const uint32_t half_base = shared_base + kStages * Shape::kStageBytes;
+  // Converts K block kb's landed FP8 stage into f16 copy kb % 2: 16-byte chunk c of the stage (row c / 8 of A
+  // then of B, stored at chunk c % 8, holding logical chunk (c % 8) ^ (row % 8)) becomes two 16-byte chunks of
+  // its row in atom (logical chunk) / 4, at their swizzled places.
+  const auto convert_stage = [&](int64_t kb) {
+    const uint32_t stage = shared_base + static_cast<uint32_t>(kb % kStages) * Shape::kStageBytes;
+    const uint32_t half = half_base + static_cast<uint32_t>(kb % 2) * Shape::kHalfStageBytes;
+#pragma unroll 4
+    for (int j = 0; j < Shape::kChunks; ++j) {
+      const int c = tid + j * Shape::kThreads;
+      const int row = c / 8;
+      const int logical = (c % 8) ^ (row % 8);
+      const bool is_b = row >= Shape::kBlockM;
+      const int operand_row = is_b ? row - Shape::kBlockM : row;
+      const int operand_rows = is_b ? kBlockN : Shape::kBlockM;
+      uint4 codes;
+      asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
+                   : "=r"(codes.x), "=r"(codes.y), "=r"(codes.z), "=r"(codes.w)
+                   : "r"(stage + static_cast<uint32_t>(c * 16)));
+      uint4 low, high;
+      ocp_fp8x16_to_f16(codes, low, high);
+      const uint32_t atom = half + (is_b ? 2 * Shape::kBlockM * 128 : 0) +
+                            static_cast<uint32_t>((logical / 4) * operand_rows * 128 + operand_row * 128);
+      // The row's threads of atom 1 store their high half first: the two atoms' rows sit on the same banks, and
+      // each store instruction then covers every bank once.
+      const bool high_first = logical >= 4;
+      const int first = 2 * (logical % 4) + (high_first ? 1 : 0);
+      const uint4 first_half = high_first ? high : low;
+      const uint4 second_half = high_first ? low : high;
+      const uint32_t first_at = atom + static_cast<uint32_t>((first ^ (row % 8)) * 16);
+      const uint32_t second_at = atom + static_cast<uint32_t>(((first ^ 1) ^ (row % 8)) * 16);
+      asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(first_at), "r"(first_half.x),
+                   "r"(first_half.y), "r"(first_half.z), "r"(first_half.w)
+                   : "memory");
+      asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(second_at), "r"(second_half.x),
+                   "r"(second_half.y), "r"(second_half.z), "r"(second_half.w)
+                   : "memory");
+    }
+  };
 #pragma unroll
   for (int s = 0; s < kAhead; ++s) {
     if (s < k_blocks) {
@@ -1067,19 +1134,41 @@ __global__ void __launch_bounds__(128 * kWarpGroups) bmm_wgmma_kernel(BmmA8W8MxS
     uint32_t xs_lo, xs_hi, ws;
     load_scales(kb, xs_lo, xs_hi, ws);
 
-    const uint32_t stage = shared_base + static_cast<uint32_t>(kb % kStages) * Shape::kStageBytes;
-    const uint64_t a_tile = swizzled_tile_descriptor(stage + warp_group * 64 * kBlockK);
-    const uint64_t b_tile = swizzled_tile_descriptor(stage + Shape::kBlockM * kBlockK);
-    pin_registers(product);
-    wgmma_fence();
+    if constexpr (kExact) {
+      convert_stage(kb);
+      fence_shared_writes_for_wgmma();
+      __syncthreads();  // the f16 copy complete before any warp group multiplies it
+      const uint32_t half = half_base + static_cast<uint32_t>(kb % 2) * Shape::kHalfStageBytes;
+      pin_registers(product);
+      wgmma_fence();
 #pragma unroll
-    for (int s = 0; s < kBlockK / 32; ++s) {
-      const uint64_t a_desc = descriptor_advanced(a_tile, 32 * s);
-      const uint64_t b_desc = descriptor_advanced(b_tile, 32 * s);
-      if constexpr (kBlockN == 128) {
-        wgmma_m64n128k32(product, a_desc, b_desc, s > 0 ? 1u : 0u);
-      } else {
-        wgmma_m64n64k32(product, a_desc, b_desc, s > 0 ? 1u : 0u);
+      for (int s = 0; s < kBlockK / 16; ++s) {  // k16 steps: 32 bytes along a 128-byte atom row, 4 an atom
+        const uint32_t a_atom = half + static_cast<uint32_t>((s / 4) * Shape::kBlockM * 128 + warp_group * 64 * 128);
+        const uint32_t b_atom =
+            half + static_cast<uint32_t>(2 * Shape::kBlockM * 128 + (s / 4) * kBlockN * 128);
+        const uint64_t a_desc = swizzled_tile_descriptor(a_atom + 32 * (s % 4));
+        const uint64_t b_desc = swizzled_tile_descriptor(b_atom + 32 * (s % 4));
+        if constexpr (kBlockN == 128) {
+          wgmma_m64n128k16_f16(product, a_desc, b_desc, s > 0 ? 1u : 0u);
+        } else {
+          wgmma_m64n64k16_f16(product, a_desc, b_desc, s > 0 ? 1u : 0u);
+        }
+      }
+    } else {
+      const uint32_t stage = shared_base + static_cast<uint32_t>(kb % kStages) * Shape::kStageBytes;
+      const uint64_t a_tile = swizzled_tile_descriptor(stage + warp_group * 64 * kBlockK);
+      const uint64_t b_tile = swizzled_tile_descriptor(stage + Shape::kBlockM * kBlockK);
+      pin_registers(product);
+      wgmma_fence();
+#pragma unroll
+      for (int s = 0; s < kBlockK / 32; ++s) {
+        const uint64_t a_desc = descriptor_advanced(a_tile, 32 * s);
+        const uint64_t b_desc = descriptor_advanced(b_tile, 32 * s);
+        if constexpr (kBlockN == 128) {
+          wgmma_m64n128k32(product, a_desc, b_desc, s > 0 ? 1u : 0u);
+        } else {
+          wgmma_m64n64k32(product, a_desc, b_desc, s > 0 ? 1u : 0u);
+        }
       }
     }
     wgmma_commit();
@@ -1136,19 +1225,19 @@ __global__ void __launch_bounds__(128 * kWarpGroups) bmm_wgmma_kernel(BmmA8W8MxS
 #endif
 }
 
-template <int kWarpGroups, int kBlockN, int kStages>
+template <int kWarpGroups, int kBlockN, int kStages, bool kExact>
 LaunchStatus launch_wgmma(const BmmA8W8MxScaleArgs& args, hipStream_t stream) {
   using Shape = WgmmaShape<kWarpGroups, kBlockN>;
-  constexpr size_t shared_bytes = wgmma_shared_bytes<kWarpGroups, kBlockN, kStages>();
+  constexpr size_t shared_bytes = wgmma_shared_bytes<kWarpGroups, kBlockN, kStages, kExact>();
   const int64_t m_tiles = (args.m + Shape::kBlockM - 1) / Shape::kBlockM;
   if (m_tiles > 65535 || args.groups > 65535) return LaunchStatus::kInvalidArgument;
-  if (!allow_dynamic_shared_memory<bmm_wgmma_kernel<kWarpGroups, kBlockN, kStages>>(shared_bytes)) {
+  if (!allow_dynamic_shared_memory<bmm_wgmma_kernel<kWarpGroups, kBlockN, kStages, kExact>>(shared_bytes)) {
     return LaunchStatus::kLaunchFailed;
   }
   const dim3 grid(static_cast<unsigned>(args.n / kBlockN), static_cast<unsigned>(m_tiles),
                   static_cast<unsigned>(args.groups));
-  launch_overlapping(bmm_wgmma_kernel<kWarpGroups, kBlockN, kStages>, grid, dim3(Shape::kThreads), shared_bytes,
-                     stream, args);
+  launch_overlapping(bmm_wgmma_kernel<kWarpGroups, kBlockN, kStages, kExact>, grid, dim3(Shape::kThreads),
+                     shared_bytes, stream, args);
   return last_launch_status();
 }
 #endif  // !__HIPCC__
@@ -1206,16 +1295,26 @@ LaunchStatus launch_bmm_a8w8_mxscale(const BmmA8W8MxScaleArgs& args, void* strea
   // G = 16: 25 us against 92), else 64 x 64 tiles with at least 64 of them (M = 64, G = 8: 16 us against
   // 46). Up to M = 16, and with fewer tiles (M <= 64 at G <= 2), the split-K kernel keeps the lead (M = 16,
   // G = 8: 13.5 us against 16.7; M = 64, G = 1: 6.6 against 16.4).
+  // With fp32 block sums, its exact (f16) form where it beats the mma.sync kernels (H200, graph replay):
+  // the 128 x 128 tiles (G = 8: M = 256 71 us against 97, M = 4096 992 against 1451, M = 16384 3840
+  // against 5602; G = 2, M = 1024: 70 against 94), and the 64 x 128 tiles at 33..64 rows (G = 16, M = 64:
+  // 55 against 69). Its 64 x 64 tiles, and the 64 x 128 ones with more rows, lose (G = 8, M = 64: 41
+  // against 37; G = 1, M = 256: 39 against 18; G = 1, M = 1024: 55 against 49).
   // (Grids of more than 65535 M tiles, M > 4M rows, take the kernels below, whose M tiles run along x.)
   // (OCP operands only: the FNUZ codes an OCP unit cannot hold are rewritten per fragment by the kernels below.)
-  if (args.reduced_precision_block_sums && vector && args.x_format == Fp8Format::kOCP &&
-      args.w_format == Fp8Format::kOCP && (args.m + 63) / 64 <= 65535 && device_runs_wgmma()) {
+  if (vector && args.x_format == Fp8Format::kOCP && args.w_format == Fp8Format::kOCP &&
+      (args.m + 63) / 64 <= 65535 && device_runs_wgmma()) {
     const int64_t large_tiles = (args.m + 127) / 128 * (args.n / 128) * args.groups;
     const int64_t wide_tiles = (args.m + 63) / 64 * (args.n / 128) * args.groups;
     const int64_t small_tiles = (args.m + 63) / 64 * (args.n / 64) * args.groups;
-    if (args.m > 64 && large_tiles >= 128) return launch_wgmma<2, 128, 4>(args, hip_stream);
-    if (args.m > 16 && wide_tiles >= 128) return launch_wgmma<1, 128, 6>(args, hip_stream);
-    if (args.m > 16 && small_tiles >= 64) return launch_wgmma<1, 64, 8>(args, hip_stream);
+    if (args.reduced_precision_block_sums) {
+      if (args.m > 64 && large_tiles >= 128) return launch_wgmma<2, 128, 4, false>(args, hip_stream);
+      if (args.m > 16 && wide_tiles >= 128) return launch_wgmma<1, 128, 6, false>(args, hip_stream);
+      if (args.m > 16 && small_tiles >= 64) return launch_wgmma<1, 64, 8, false>(args, hip_stream);
+    } else {
+      if (args.m > 64 && large_tiles >= 128) return launch_wgmma<2, 128, 3, true>(args, hip_stream);
+      if (args.m > 32 && args.m <= 64 && wide_tiles >= 128) return launch_wgmma<1, 128, 5, true>(args, hip_stream);
+    }
   }
 #endif
   // M <= 64: 16-row tiles (H200: 13.7 us for M = 16, G = 8, where 64-row tiles took 50 us at M = 64 with

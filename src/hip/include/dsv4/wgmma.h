@@ -1,10 +1,11 @@
-// sm_90a warpgroup MMA (wgmma.mma_async) on FP8 e4m3 and bf16 operands in shared memory, for the kernels that
+// sm_90a warpgroup MMA (wgmma.mma_async) on FP8 e4m3, f16 and bf16 operands in shared memory, for the kernels that
 // take Hopper's tensor-core path (sm_90 runs mma.sync's e4m3 shapes as f16 conversions plus f16 MMAs, about
 // 200 TFLOP/s at best on the H200). Device helpers exist in sm_90a device passes only (DSV4_WGMMA); the host
 // helper says whether the current device runs them.
 //
 // Numerics of the FP8 forms: the unit sums each k32 step's products and the running sum in fixed point aligned
-// to the largest of them, keeping about 13-14 bits (not fp32); callers state where that is acceptable.
+// to the largest of them, keeping about 13-14 bits (not fp32); callers state where that is acceptable. The f16
+// and bf16 forms sum in fp32 (as mma.sync does; the wo_a GEMM's fp32-sum tests hold on the H200).
 #pragma once
 
 #include "dsv4/launch.h"
@@ -44,6 +45,30 @@ DSV4_DEVICE void wgmma_m64n128k32(float (&d)[64], uint64_t a_desc, uint64_t b_de
       "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
       "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
       "}, %64, %65, p, 1, 1;\n}\n"
+      : DSV4_WGMMA_ACC32(d, 0), DSV4_WGMMA_ACC32(d, 32)
+      : "l"(a_desc), "l"(b_desc), "r"(accumulate));
+}
+// D[64 x N] (+)= A[64 x 16] B[16 x N], f16 operands in shared memory, both K-major, fp32 accumulators;
+// accumulate = 0 overwrites D.
+DSV4_DEVICE void wgmma_m64n64k16_f16(float (&d)[32], uint64_t a_desc, uint64_t b_desc, uint32_t accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+      "}, %32, %33, p, 1, 1, 0, 0;\n}\n"
+      : DSV4_WGMMA_ACC32(d, 0)
+      : "l"(a_desc), "l"(b_desc), "r"(accumulate));
+}
+DSV4_DEVICE void wgmma_m64n128k16_f16(float (&d)[64], uint64_t a_desc, uint64_t b_desc, uint32_t accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+      "}, %64, %65, p, 1, 1, 0, 0;\n}\n"
       : DSV4_WGMMA_ACC32(d, 0), DSV4_WGMMA_ACC32(d, 32)
       : "l"(a_desc), "l"(b_desc), "r"(accumulate));
 }
