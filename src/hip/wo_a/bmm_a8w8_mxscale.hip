@@ -38,9 +38,10 @@
 //     block's largest product, keeping about 14 bits (an entry whose block sums cancel heavily can be off
 //     by ~2^-13 of its largest product); every block is still folded into an fp32 sum with its scales.
 //     The other kernels accumulate in fp32 throughout (mma.sync.e4m3 runs as f16 MMAs on sm_90).
-//   * sm_90a, fp32 block sums (the default), M > 64 with 128 x 128 tiles that fill the GPU, and 33..64 rows
-//     with 64 x 128 tiles: bmm_wgmma_kernel's exact form, the same ring whose FP8 blocks all threads convert
-//     to f16 (exact) in shared memory for f16 wgmma, which sums in fp32 as the mma.sync path does.
+//   * sm_90a, fp32 block sums (the default), from 33 rows where its tiles fill the GPU (below): the exact form
+//     of bmm_wgmma_kernel, the same ring whose FP8 blocks all threads convert to f16 (exact) in shared memory
+//     for f16 wgmma, which sums in fp32 as the mma.sync path does. Its shared-memory traffic (the f16 operands,
+//     twice the FP8 bytes, plus the conversion's) bounds it at about 290 TFLOP/s on the H200.
 // Rows past M load zeros and are not stored. 64-bit offsets throughout.
 #include "dsv4/async_copy.h"
 #include "dsv4/bf16.h"
@@ -932,16 +933,17 @@ constexpr size_t wgmma_shared_bytes() {
          1024;  // + alignment
 }
 
-// The 16 FP8 (OCP) codes of `codes` as 16 f16 values, in order.
+// The 16 FP8 (OCP) codes of `codes` as 16 f16 values, in order (a 32-bit word's halves go to the conversion
+// as they are: no shifts or masks).
 DSV4_DEVICE void ocp_fp8x16_to_f16(const uint4& codes, uint4& low, uint4& high) {
   const uint32_t words[4] = {codes.x, codes.y, codes.z, codes.w};
   uint32_t halves[8];
 #pragma unroll
-  for (int i = 0; i < 8; ++i) {
-    const uint32_t pair = (words[i / 2] >> (16 * (i % 2))) & 0xffffu;
-    asm("{\n .reg .b16 codes;\n cvt.u16.u32 codes, %1;\n cvt.rn.f16x2.e4m3x2 %0, codes;\n}"  // low byte first
-        : "=r"(halves[i])
-        : "r"(pair));
+  for (int i = 0; i < 4; ++i) {
+    asm("{\n .reg .b16 first, second;\n mov.b32 {first, second}, %2;\n cvt.rn.f16x2.e4m3x2 %0, first;\n"
+        " cvt.rn.f16x2.e4m3x2 %1, second;\n}"  // each pair's low byte in its result's low half
+        : "=r"(halves[2 * i]), "=r"(halves[2 * i + 1])
+        : "r"(words[i]));
   }
   low = make_uint4(halves[0], halves[1], halves[2], halves[3]);
   high = make_uint4(halves[4], halves[5], halves[6], halves[7]);
@@ -1074,41 +1076,41 @@ __global__ void __launch_bounds__(128 * kWarpGroups) bmm_wgmma_kernel(BmmA8W8MxS
   // exact form is done with a buffer once it has converted it).
   constexpr int kAhead = kExact ? kStages - 1 : kStages - 2;
   const uint32_t half_base = shared_base + kStages * Shape::kStageBytes;
-  // Converts K block kb's landed FP8 stage into f16 copy kb % 2: 16-byte chunk c of the stage (row c / 8 of A
-  // then of B, stored at chunk c % 8, holding logical chunk (c % 8) ^ (row % 8)) becomes two 16-byte chunks of
-  // its row in atom (logical chunk) / 4, at their swizzled places.
+  // Converts K block kb's landed FP8 stage into f16 copy kb % 2: 16-byte chunk c = tid + j * threads of the
+  // stage (row c / 8 of A then of B, stored at chunk c % 8, holding logical chunk (c % 8) ^ (row % 8)) becomes
+  // two 16-byte chunks of its row in atom (logical chunk) / 4, at their swizzled places. A thread's rows are
+  // equal mod 8 (threads / 8 is a multiple of 8), so its chunk and swizzle are the same for every j and only
+  // the row moves: its offsets are worked out once here, and each chunk adds a constant.
+  const int convert_row = tid / 8;
+  const int convert_logical = (tid % 8) ^ (convert_row % 8);
+  const int convert_low_chunk = (2 * (convert_logical % 4)) ^ (convert_row % 8);
+  const uint32_t convert_low = static_cast<uint32_t>(convert_low_chunk * 16);
+  const uint32_t convert_high = static_cast<uint32_t>((convert_low_chunk ^ 1) * 16);
+  const uint32_t convert_a_row =
+      static_cast<uint32_t>((convert_logical / 4) * Shape::kBlockM * 128 + convert_row * 128);
+  const uint32_t convert_b_row =
+      static_cast<uint32_t>(2 * Shape::kBlockM * 128 + (convert_logical / 4) * kBlockN * 128 + convert_row * 128);
   const auto convert_stage = [&](int64_t kb) {
-    const uint32_t stage = shared_base + static_cast<uint32_t>(kb % kStages) * Shape::kStageBytes;
+    const uint32_t stage =
+        shared_base + static_cast<uint32_t>(kb % kStages) * Shape::kStageBytes + static_cast<uint32_t>(tid * 16);
     const uint32_t half = half_base + static_cast<uint32_t>(kb % 2) * Shape::kHalfStageBytes;
-#pragma unroll 4
+#pragma unroll
     for (int j = 0; j < Shape::kChunks; ++j) {
-      const int c = tid + j * Shape::kThreads;
-      const int row = c / 8;
-      const int logical = (c % 8) ^ (row % 8);
-      const bool is_b = row >= Shape::kBlockM;
-      const int operand_row = is_b ? row - Shape::kBlockM : row;
-      const int operand_rows = is_b ? kBlockN : Shape::kBlockM;
+      const bool is_b = j >= kACopies;  // copies j < kACopies hold A rows (as in issue_stage)
+      const uint32_t row_at =
+          half + (is_b ? convert_b_row + static_cast<uint32_t>((j * kRowsPerCopy - Shape::kBlockM) * 128)
+                       : convert_a_row + static_cast<uint32_t>(j * kRowsPerCopy * 128));
       uint4 codes;
       asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
                    : "=r"(codes.x), "=r"(codes.y), "=r"(codes.z), "=r"(codes.w)
-                   : "r"(stage + static_cast<uint32_t>(c * 16)));
+                   : "r"(stage + static_cast<uint32_t>(j * Shape::kThreads * 16)));
       uint4 low, high;
       ocp_fp8x16_to_f16(codes, low, high);
-      const uint32_t atom = half + (is_b ? 2 * Shape::kBlockM * 128 : 0) +
-                            static_cast<uint32_t>((logical / 4) * operand_rows * 128 + operand_row * 128);
-      // The row's threads of atom 1 store their high half first: the two atoms' rows sit on the same banks, and
-      // each store instruction then covers every bank once.
-      const bool high_first = logical >= 4;
-      const int first = 2 * (logical % 4) + (high_first ? 1 : 0);
-      const uint4 first_half = high_first ? high : low;
-      const uint4 second_half = high_first ? low : high;
-      const uint32_t first_at = atom + static_cast<uint32_t>((first ^ (row % 8)) * 16);
-      const uint32_t second_at = atom + static_cast<uint32_t>(((first ^ 1) ^ (row % 8)) * 16);
-      asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(first_at), "r"(first_half.x),
-                   "r"(first_half.y), "r"(first_half.z), "r"(first_half.w)
+      asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(row_at + convert_low), "r"(low.x), "r"(low.y),
+                   "r"(low.z), "r"(low.w)
                    : "memory");
-      asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(second_at), "r"(second_half.x),
-                   "r"(second_half.y), "r"(second_half.z), "r"(second_half.w)
+      asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(row_at + convert_high), "r"(high.x),
+                   "r"(high.y), "r"(high.z), "r"(high.w)
                    : "memory");
     }
   };
@@ -1296,10 +1298,10 @@ LaunchStatus launch_bmm_a8w8_mxscale(const BmmA8W8MxScaleArgs& args, void* strea
   // 46). Up to M = 16, and with fewer tiles (M <= 64 at G <= 2), the split-K kernel keeps the lead (M = 16,
   // G = 8: 13.5 us against 16.7; M = 64, G = 1: 6.6 against 16.4).
   // With fp32 block sums, its exact (f16) form where it beats the mma.sync kernels (H200, graph replay):
-  // the 128 x 128 tiles (G = 8: M = 256 71 us against 97, M = 4096 992 against 1451, M = 16384 3840
-  // against 5602; G = 2, M = 1024: 70 against 94), and the 64 x 128 tiles at 33..64 rows (G = 16, M = 64:
-  // 55 against 69). Its 64 x 64 tiles, and the 64 x 128 ones with more rows, lose (G = 8, M = 64: 41
-  // against 37; G = 1, M = 256: 39 against 18; G = 1, M = 1024: 55 against 49).
+  // the 128 x 128 tiles (G = 8: M = 256 69 us against 97, M = 4096 966 against 1451, M = 16384 3748
+  // against 5602; G = 2, M = 1024: 68 against 94), the 64 x 128 tiles from 33 rows (G = 16, M = 64: 45
+  // against 69; G = 1, M = 1024: 45 against 49) and the 64 x 64 tiles at 33..64 rows (G = 8, M = 64: 33
+  // against 37). With more rows the 64 x 64 tiles lose (G = 1, M = 256: 30 against 18).
   // (Grids of more than 65535 M tiles, M > 4M rows, take the kernels below, whose M tiles run along x.)
   // (OCP operands only: the FNUZ codes an OCP unit cannot hold are rewritten per fragment by the kernels below.)
   if (vector && args.x_format == Fp8Format::kOCP && args.w_format == Fp8Format::kOCP &&
@@ -1313,7 +1315,8 @@ LaunchStatus launch_bmm_a8w8_mxscale(const BmmA8W8MxScaleArgs& args, void* strea
       if (args.m > 16 && small_tiles >= 64) return launch_wgmma<1, 64, 8, false>(args, hip_stream);
     } else {
       if (args.m > 64 && large_tiles >= 128) return launch_wgmma<2, 128, 3, true>(args, hip_stream);
-      if (args.m > 32 && args.m <= 64 && wide_tiles >= 128) return launch_wgmma<1, 128, 5, true>(args, hip_stream);
+      if (args.m > 32 && wide_tiles >= 128) return launch_wgmma<1, 128, 5, true>(args, hip_stream);
+      if (args.m > 32 && args.m <= 64 && small_tiles >= 64) return launch_wgmma<1, 64, 8, true>(args, hip_stream);
     }
   }
 #endif
