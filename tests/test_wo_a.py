@@ -251,7 +251,19 @@ def test_bmm_every_code_of_both_encodings(x_dtype, w_dtype, m, misaligned, devic
     the codes a matrix unit of the other encoding cannot hold as is (FNUZ +-240 and NaN on an OCP unit,
     OCP -0 and NaN on an FNUZ one) must keep their value. One planted NaN code in x and one in w must give
     NaN in exactly their row and column (reference: torch's decoding of each dtype)."""
-    groups, n, k = 2, 1024, 512  # M = 300 on an sm_90a build: OCP operands would take the wgmma kernel
+    check_every_code(x_dtype, w_dtype, m, 2, misaligned, device)
+
+
+@gpu
+@pytest.mark.parametrize("m,groups", [(64, 8), (64, 16), (129, 8)])
+def test_gpu_bmm_every_code_through_the_exact_wgmma_tiles(m, groups):
+    """The same check at sizes whose fp32 block sums the sm_90a build serves with the f16 wgmma kernel (its
+    64 x 64, 64 x 128 and 128 x 128 tiles; OCP operands, whose bytes it converts to f16 itself)."""
+    check_every_code(torch.float8_e4m3fn, torch.float8_e4m3fn, m, groups, False, "cuda")
+
+
+def check_every_code(x_dtype, w_dtype, m, groups, misaligned, device):
+    n, k = 1024, 512
     x = _random_codes((m, groups, k), x_dtype, seed=m)
     w = _random_codes((groups, n, k), w_dtype, seed=m + 1)
     x.view(torch.uint8)[m - 1, 0, :] = 0x7F  # a row of the largest magnitude (FNUZ 240, OCP NaN -> fixed below)
@@ -815,10 +827,11 @@ def test_bmm_reduced_precision_block_sums_flag(device):
 
 
 @gpu
-def test_gpu_reduced_sums_fold_single_and_two_factor_scales():
-    """The sm_90a wgmma kernel folds a block whose factor 2^(xs + ws - 254) is a normal float with one fused
-    multiply-add and any other block (factor below 2^-126, a 255 byte) through block_scale's two factors:
-    rows of both kinds in one warp, at a size it serves (64 x 64 tiles), against the fp64 reference."""
+@pytest.mark.parametrize("reduced_sums", [False, True], ids=["fp32_sums", "reduced_sums"])
+def test_gpu_wgmma_fold_single_and_two_factor_scales(reduced_sums):
+    """The sm_90a wgmma kernel (both forms) folds a block whose factor 2^(xs + ws - 254) is a normal float with
+    one fused multiply-add and any other block (factor below 2^-126, a 255 byte) through block_scale's two
+    factors: rows of both kinds in one warp, at a size it serves (64 x 64 tiles), against the fp64 reference."""
     m, groups, n, k = 64, 8, 512, 512
     x, x_scale = quantized_activation(m, groups, k, seed=92)
     w, w_scale = quantized_weight(groups, n, k, seed=93)
@@ -831,11 +844,14 @@ def test_gpu_reduced_sums_fold_single_and_two_factor_scales():
     x_scale[12] = 68  # 2^-126: the smallest single factor
     want = reference.bmm_a8w8_mxscale(x, w, x_scale, w_scale, torch.float64)
     operands = [t.cuda() for t in (x, w, x_scale, w_scale)]
-    got = torch.ops.dsv4.bmm_a8w8_mxscale(*operands, torch.float32, reduced_precision_block_sums=True)
+    got = torch.ops.dsv4.bmm_a8w8_mxscale(*operands, torch.float32, reduced_precision_block_sums=reduced_sums)
     assert bool(torch.isfinite(got).all())
-    assert_reduced_sums_close(got.cpu(), x, w, x_scale, w_scale, want)
+    if reduced_sums:
+        assert_reduced_sums_close(got.cpu(), x, w, x_scale, w_scale, want)
+    else:
+        assert_gemm_close(got.cpu(), want)
     operands[2][20, 3, 2] = 255  # E8M0 NaN: row 20 of group 3 is NaN, every other entry keeps its bits
-    with_nan = torch.ops.dsv4.bmm_a8w8_mxscale(*operands, torch.float32, reduced_precision_block_sums=True)
+    with_nan = torch.ops.dsv4.bmm_a8w8_mxscale(*operands, torch.float32, reduced_precision_block_sums=reduced_sums)
     expected_nan = torch.zeros_like(with_nan, dtype=torch.bool)
     expected_nan[20, 3] = True
     assert torch.equal(torch.isnan(with_nan), expected_nan)
