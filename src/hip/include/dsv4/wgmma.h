@@ -26,52 +26,36 @@ namespace dsv4 {
 #define DSV4_WGMMA_ACC32(d, i) \
   DSV4_WGMMA_ACC8(d, i), DSV4_WGMMA_ACC8(d, (i) + 8), DSV4_WGMMA_ACC8(d, (i) + 16), DSV4_WGMMA_ACC8(d, (i) + 24)
 
-DSV4_DEVICE void wgmma_m64n64k32(float (&d)[32], uint64_t a_desc, uint64_t b_desc, uint32_t accumulate) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3 {"
-      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
-      "}, %32, %33, p, 1, 1;\n}\n"
-      : DSV4_WGMMA_ACC32(d, 0)
-      : "l"(a_desc), "l"(b_desc), "r"(accumulate));
-}
-DSV4_DEVICE void wgmma_m64n128k32(float (&d)[64], uint64_t a_desc, uint64_t b_desc, uint32_t accumulate) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3 {"
-      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
-      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
-      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
-      "}, %64, %65, p, 1, 1;\n}\n"
-      : DSV4_WGMMA_ACC32(d, 0), DSV4_WGMMA_ACC32(d, 32)
-      : "l"(a_desc), "l"(b_desc), "r"(accumulate));
-}
-// D[64 x N] (+)= A[64 x 16] B[16 x N], f16 operands in shared memory, both K-major, fp32 accumulators;
-// accumulate = 0 overwrites D.
-DSV4_DEVICE void wgmma_m64n64k16_f16(float (&d)[32], uint64_t a_desc, uint64_t b_desc, uint32_t accumulate) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 {"
-      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
-      "}, %32, %33, p, 1, 1, 0, 0;\n}\n"
-      : DSV4_WGMMA_ACC32(d, 0)
-      : "l"(a_desc), "l"(b_desc), "r"(accumulate));
-}
-DSV4_DEVICE void wgmma_m64n128k16_f16(float (&d)[64], uint64_t a_desc, uint64_t b_desc, uint32_t accumulate) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 {"
-      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
-      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
-      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
-      "}, %64, %65, p, 1, 1, 0, 0;\n}\n"
-      : DSV4_WGMMA_ACC32(d, 0), DSV4_WGMMA_ACC32(d, 32)
-      : "l"(a_desc), "l"(b_desc), "r"(accumulate));
-}
+// Accumulator operand numbers of the asm statements below.
+#define DSV4_WGMMA_D32                                                                  \
+  "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, " \
+  "%19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+#define DSV4_WGMMA_D64                                                                              \
+  DSV4_WGMMA_D32 ", %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, " \
+                 "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+// A wrapper `name(d, a_desc, b_desc, accumulate)` of a wgmma with both operands in shared memory, 32 or 64 fp32
+// accumulators per thread: D (+)= A B, `instruction` the opcode with its shape and types, `flags` its immediate
+// operands after the accumulate predicate (accumulate = 0 overwrites D).
+#define DSV4_WGMMA_SS_32(name, instruction, flags)                                                                 \
+  DSV4_DEVICE void name(float(&d)[32], uint64_t a_desc, uint64_t b_desc, uint32_t accumulate) {                      \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n" instruction " {" DSV4_WGMMA_D32 "}, %32, %33, p, " flags \
+                 ";\n}\n"                                                                                            \
+                 : DSV4_WGMMA_ACC32(d, 0)                                                                            \
+                 : "l"(a_desc), "l"(b_desc), "r"(accumulate));                                                       \
+  }
+#define DSV4_WGMMA_SS_64(name, instruction, flags)                                                                 \
+  DSV4_DEVICE void name(float(&d)[64], uint64_t a_desc, uint64_t b_desc, uint32_t accumulate) {                      \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n" instruction " {" DSV4_WGMMA_D64 "}, %64, %65, p, " flags \
+                 ";\n}\n"                                                                                            \
+                 : DSV4_WGMMA_ACC32(d, 0), DSV4_WGMMA_ACC32(d, 32)                                                   \
+                 : "l"(a_desc), "l"(b_desc), "r"(accumulate));                                                       \
+  }
+// FP8 e4m3 operands, K-major (the only layout of the 8-bit forms).
+DSV4_WGMMA_SS_32(wgmma_m64n64k32, "wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3", "1, 1")
+DSV4_WGMMA_SS_64(wgmma_m64n128k32, "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3", "1, 1")
+// f16 operands, both K-major.
+DSV4_WGMMA_SS_32(wgmma_m64n64k16_f16, "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16", "1, 1, 0, 0")
+DSV4_WGMMA_SS_64(wgmma_m64n128k16_f16, "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16", "1, 1, 0, 0")
 // D[64 x 16] (+)= A[64 x 16] B[16 x 16], bf16 operands in shared memory, both K-major, fp32 accumulators;
 // accumulate = 0 overwrites D.
 DSV4_DEVICE void wgmma_m64n16k16_bf16(float (&d)[8], uint64_t a_desc, uint64_t b_desc, uint32_t accumulate) {
