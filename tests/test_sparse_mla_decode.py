@@ -401,11 +401,10 @@ def test_gpu_two_head_groups_per_block(heads, tokens, ratio, topk):
     assert_close_to_reference(got, on_cpu)
 
 
-# Batches of at least 32 (row, 64-head) blocks at more than 32 heads with rows of at least 384 keys, or 64+
-# blocks with rows of 192+ keys: on sm_90a the warp-specialized warpgroup-MMA kernel serves them (heads padded
-# to 64; 100 heads leave a partial block). C4A rows: the window and top-k 512 of the committed entries; C128A
-# rows at 64k+: the window and 512+ entries; at 33k: ~385 keys; at 8k: ~193 keys (only the 80-block shape
-# takes the warpgroup kernel there).
+# Batches of at least 32 (row, 64-head) blocks at more than 32 heads with rows of at least 192 keys on average:
+# on sm_90a the warp-specialized warpgroup-MMA kernel serves them (heads padded to 64; 100 heads leave a partial
+# block). C4A rows: the window and top-k 512 of the committed entries; C128A rows at 64k+: the window and 512+
+# entries; at 33k: ~385 keys; at 8k: ~193 keys.
 WARPGROUP_SHAPES = [(64, 32), (100, 40), (128, 20)]
 WARPGROUP_LAYERS = [pytest.param(4, 512, 2100, id="c4a"), pytest.param(128, None, 65600, id="c128a"),
                     pytest.param(128, None, 33000, id="c128a-33k"), pytest.param(128, None, 8300, id="c128a-8k")]

@@ -1545,27 +1545,24 @@ LaunchStatus launch_partial(const SparseMlaDecodeArgs& args, hipStream_t stream)
 
 #if !defined(__HIPCC__)
 // The warpgroup-MMA kernel serves calls of more than 32 heads (it pads them to 64) with at least 32 (row,
-// 64-head) blocks and rows of at least 384 keys on average, or 64+ blocks and rows of 192+ keys, on a device
-// that runs it. Elsewhere the 16/32-head kernel was as fast or faster on the H200. Measured there, both
-// kernels in the same run (bench, graph replay), at 64 / 128 heads: rows of 192 keys, T = 32: 28.7 against
-// 25.0 us (32 blocks) and 28.5 against 31.1 (64); T = 128: 31.5 against 54.1 and 57.6 against 100.5; rows
-// of 384 keys, T = 32: 26.1 against 29.5 and 43.8 against 45.4; T = 128: 45.7 against 81.1 and 87.5 against
-// 153.9; 640-1152 keys 1.3-1.9x. Fewer blocks or keys were not measured with this kernel's current form
-// (before its epilogue went through shared memory: 64 heads at T = 8 20.6 us against 19.1, T = 1 14.6
-// against 11.2; 16 heads T = 128 86.6 against 50.7).
+// 64-head) blocks and rows of at least 192 keys on average, on a device that runs it. Elsewhere the 16/32-head
+// kernel was as fast or faster on the H200. Measured there, both kernels in the same run (bench, graph
+// replay), at 64 / 128 heads: rows of 192 keys, T = 32: 28.5 against 31.1 us (64 blocks); T = 128: 31.5
+// against 54.1 and 57.6 against 100.5; rows of 384 keys, T = 32: 26.1 against 29.5 and 43.8 against 45.4;
+// T = 128: 45.7 against 81.1 and 87.5 against 153.9; 640-1152 keys 1.3-1.9x. Rows of 192 keys at 32 blocks
+// (64 heads, T = 32) lost (28.7 against 25.0) until its split count was fitted to the H200 (wgmma_num_splits):
+// since, L2-warm, same run, 19.2 against 22.9 us (T = 48: 26.8 against 26.9). Fewer blocks or keys were not
+// measured with this kernel's current form (before its epilogue went through shared memory: 64 heads at T = 8
+// 20.6 us against 19.1, T = 1 14.6 against 11.2; 16 heads T = 128 86.6 against 50.7).
 constexpr int64_t kWgMinHeads = 33;
 constexpr int64_t kWgMinBlocks = 32;
-constexpr int64_t kWgMinKeysPerRow = 384;
-constexpr int64_t kWgMinBlocksForShortRows = 64;
-constexpr int64_t kWgMinKeysPerShortRow = 192;
+constexpr int64_t kWgMinKeysPerRow = 192;
 
 bool sparse_mla_uses_wgmma(const SparseMlaDecodeArgs& args) {
   if (args.heads < kWgMinHeads || args.tokens <= 0) return false;
   const int64_t keys = args.main.index_count + (args.extra.bytes != nullptr ? args.extra.index_count : 0);
   const int64_t blocks = args.tokens * ((args.heads + kWgHeads - 1) / kWgHeads);
-  const bool long_rows = blocks >= kWgMinBlocks && keys >= kWgMinKeysPerRow * args.tokens;
-  const bool many_short_rows = blocks >= kWgMinBlocksForShortRows && keys >= kWgMinKeysPerShortRow * args.tokens;
-  return (long_rows || many_short_rows) && device_runs_wgmma();
+  return blocks >= kWgMinBlocks && keys >= kWgMinKeysPerRow * args.tokens && device_runs_wgmma();
 }
 
 // Its split count: one block a multiprocessor (its shared memory), so the least modelled time of
