@@ -33,6 +33,7 @@
 #include "dsv4/async_copy.h"
 #include "dsv4/bf16.h"
 #include "dsv4/ds_mla.h"
+#include "dsv4/fp8x2.h"
 #include "dsv4/launch.h"
 #include "dsv4/mfma.h"
 #include "dsv4/rope.h"
@@ -331,19 +332,12 @@ DSV4_DEVICE uint4 decode_fp8x8(uint2 codes, uint32_t scale_byte, const float (*t
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
 #define DSV4_SPARSE_MLA_OCP_CONVERT 1
 
-// The two OCP codes in bits 0..15 to fp32 (low byte first).
-DSV4_DEVICE void ocp_fp8x2_to_float2(uint32_t two_codes, float& low, float& high) {
-  asm("{\n"
-      "  .reg .b16 codes, half_low, half_high;\n"
-      "  .reg .b32 halves;\n"
-      "  cvt.u16.u32 codes, %2;\n"
-      "  cvt.rn.f16x2.e4m3x2 halves, codes;\n"
-      "  mov.b32 {half_low, half_high}, halves;\n"
-      "  cvt.f32.f16 %0, half_low;\n"
-      "  cvt.f32.f16 %1, half_high;\n"
-      "}"
+// An f16 pair (low half first) to fp32.
+DSV4_DEVICE void f16x2_to_float2(uint32_t halves, float& low, float& high) {
+  asm("{\n .reg .b16 half_low, half_high;\n mov.b32 {half_low, half_high}, %2;\n cvt.f32.f16 %0, half_low;\n"
+      " cvt.f32.f16 %1, half_high;\n}"
       : "=f"(low), "=f"(high)
-      : "r"(two_codes));
+      : "r"(halves));
 }
 
 // decode_fp8x8 for an OCP block. The NaN codes (0x7f, 0xff) become 0x00 first, +0 like their table entry.
@@ -356,10 +350,12 @@ DSV4_DEVICE uint4 decode_ocp_fp8x8(uint2 codes, uint32_t scale_byte) {
     words[i] &= ~byte_sign_masks<0xBA98u>((words[i] & 0x7f7f7f7fu) + 0x01010101u);
   }
   uint32_t pairs[4];
+  ocp_fp8x4_to_f16x4(words[0], pairs[0], pairs[1]);
+  ocp_fp8x4_to_f16x4(words[1], pairs[2], pairs[3]);
 #pragma unroll
   for (int j = 0; j < 4; ++j) {
     float low, high;
-    ocp_fp8x2_to_float2(words[j / 2] >> (16 * (j % 2)), low, high);
+    f16x2_to_float2(pairs[j], low, high);
     pairs[j] = bf16x2(low * block_scale, high * block_scale);
   }
   return finish_block(pairs, scale_byte);

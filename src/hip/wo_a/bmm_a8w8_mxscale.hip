@@ -45,6 +45,7 @@
 // Rows past M load zeros and are not stored. 64-bit offsets throughout.
 #include "dsv4/async_copy.h"
 #include "dsv4/bf16.h"
+#include "dsv4/fp8x2.h"
 #include "dsv4/launch.h"
 #include "dsv4/ue8m0.h"
 #include "dsv4/wgmma.h"
@@ -933,20 +934,12 @@ constexpr size_t wgmma_shared_bytes() {
          1024;  // + alignment
 }
 
-// The 16 FP8 (OCP) codes of `codes` as 16 f16 values, in order (a 32-bit word's halves go to the conversion
-// as they are: no shifts or masks).
+// The 16 FP8 (OCP) codes of `codes` as 16 f16 values, in order.
 DSV4_DEVICE void ocp_fp8x16_to_f16(const uint4& codes, uint4& low, uint4& high) {
-  const uint32_t words[4] = {codes.x, codes.y, codes.z, codes.w};
-  uint32_t halves[8];
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    asm("{\n .reg .b16 first, second;\n mov.b32 {first, second}, %2;\n cvt.rn.f16x2.e4m3x2 %0, first;\n"
-        " cvt.rn.f16x2.e4m3x2 %1, second;\n}"  // each pair's low byte in its result's low half
-        : "=r"(halves[2 * i]), "=r"(halves[2 * i + 1])
-        : "r"(words[i]));
-  }
-  low = make_uint4(halves[0], halves[1], halves[2], halves[3]);
-  high = make_uint4(halves[4], halves[5], halves[6], halves[7]);
+  ocp_fp8x4_to_f16x4(codes.x, low.x, low.y);
+  ocp_fp8x4_to_f16x4(codes.y, low.z, low.w);
+  ocp_fp8x4_to_f16x4(codes.z, high.x, high.y);
+  ocp_fp8x4_to_f16x4(codes.w, high.z, high.w);
 }
 
 template <int kWarpGroups, int kBlockN, int kStages, bool kExact>

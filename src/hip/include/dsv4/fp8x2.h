@@ -1,4 +1,4 @@
-// Two FP8 encodes per conversion instruction, byte-identical to dsv4/fp8.h's fp8_encode_clamped<F> on each
+// Two FP8 encodes per conversion instruction (and the paired OCP decode of NVIDIA), byte-identical to
 // value (a new header rather than an edit of fp8.h, which other areas share): the paired conversions
 // NVIDIA (cvt.rn.satfinite.e4m3x2.f32) and AMD (v_cvt_pk_fp8_f32) have convert each element exactly as
 // the single-value paths of fp8.h use them, so only the instruction count changes. The quantizers that
@@ -29,6 +29,18 @@ DSV4_HD constexpr bool fp8x2_uses_hardware() {
   return false;
 #endif
 }
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+// The paired decode (NVIDIA sm_89+): the four OCP codes of a word (low byte first) as two f16 pairs, codes 0, 1
+// in `first` and 2, 3 in `second`, each pair's lower code in the low half. Exact (every e4m3 value is an f16);
+// the word's halves go to the conversion as they are (no shifts or masks).
+DSV4_DEVICE void ocp_fp8x4_to_f16x4(uint32_t four_codes, uint32_t& first, uint32_t& second) {
+  asm("{\n .reg .b16 low, high;\n mov.b32 {low, high}, %2;\n cvt.rn.f16x2.e4m3x2 %0, low;\n"
+      " cvt.rn.f16x2.e4m3x2 %1, high;\n}"
+      : "=r"(first), "=r"(second)
+      : "r"(four_codes));
+}
+#endif
 
 // The paired conversion (lo -> bits 0..7, hi -> bits 8..15) of values within the format's finite range,
 // rounding to nearest even, with the FNUZ signed zero made +0. (AMD's instruction does not saturate, so
