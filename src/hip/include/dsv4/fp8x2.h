@@ -30,10 +30,12 @@ DSV4_HD constexpr bool fp8x2_uses_hardware() {
 #endif
 }
 
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+#if defined(__CUDACC__) && !defined(__HIPCC__)
 // The paired decode (NVIDIA sm_89+): the four OCP codes of a word (low byte first) as two f16 pairs, codes 0, 1
 // in `first` and 2, 3 in `second`, each pair's lower code in the low half. Exact (every e4m3 value is an f16);
-// the word's halves go to the conversion as they are (no shifts or masks).
+// the word's halves go to the conversion as they are (no shifts or masks). Only sm_89+ code may call it (the
+// instruction); it is declared in every NVIDIA pass, host included, because callers in sm_90a-only kernels
+// are parsed there too.
 DSV4_DEVICE void ocp_fp8x4_to_f16x4(uint32_t four_codes, uint32_t& first, uint32_t& second) {
   asm("{\n .reg .b16 low, high;\n mov.b32 {low, high}, %2;\n cvt.rn.f16x2.e4m3x2 %0, low;\n"
       " cvt.rn.f16x2.e4m3x2 %1, high;\n}"
