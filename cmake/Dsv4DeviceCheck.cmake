@@ -1,8 +1,8 @@
 # Device-code check without a GPU: compiles every kernel source to assembly for gfx942 and gfx950
-# (clang HIP, device pass only) and to PTX plus an object for sm_90a (nvcc, host pass included, as the
-# sm_90a wheel compiles it: a device pass alone misses what only the host pass parses), then registers
-# CTest checks that the FP8 conversion instructions are present and that no kernel uses scratch memory or
-# spills.
+# (clang HIP, device pass only), to PTX plus an object for sm_90a (nvcc, host pass included, as the
+# sm_90a wheel compiles it: a device pass alone misses what only the host pass parses) and to an object for
+# the other NVIDIA archs the CUDA build accepts, then registers CTest checks that the FP8 conversion
+# instructions are present and that no kernel uses scratch memory or spills.
 # Toolchain: spec/toolchain.md; tools/setup_amdgpu_toolchain.sh builds the clang wrapper and device libs.
 
 set(DSV4OPS_HIP_CLANG "${PROJECT_SOURCE_DIR}/.toolchain/clang20/bin/clang++" CACHE FILEPATH
@@ -44,6 +44,17 @@ foreach(_src IN LISTS DSV4OPS_KERNEL_SOURCES)
     DEPENDS ${_src} DEPFILE ${_ptx}.d VERBATIM
     COMMENT "device check: ${_name} for sm_90a")
   list(APPEND _outputs ${_ptx} ${_ptxas_log})
+  # The other NVIDIA archs the README lists for the CUDA build (sm_90, sm_89, sm_100a): compiled only,
+  # so that a source that builds for sm_90a alone is caught (their wgmma-free passes take other paths).
+  set(_other_nvidia ${_check_dir}/${_name}.other_nvidia.o)
+  add_custom_command(OUTPUT ${_other_nvidia}
+    COMMAND ${DSV4OPS_NVCC} -x cu -std=c++17 -O3 -gencode arch=compute_90,code=sm_90
+            -gencode arch=compute_89,code=sm_89 -gencode arch=compute_100a,code=sm_100a
+            -I${PROJECT_SOURCE_DIR}/src/hip/include -I${PROJECT_SOURCE_DIR}/src/hip -MD -MF ${_other_nvidia}.d
+            -c ${_src} -o ${_other_nvidia}
+    DEPENDS ${_src} DEPFILE ${_other_nvidia}.d VERBATIM
+    COMMENT "device check: ${_name} for sm_90, sm_89, sm_100a")
+  list(APPEND _outputs ${_other_nvidia})
 endforeach()
 add_custom_target(device_check ALL DEPENDS ${_outputs})
 

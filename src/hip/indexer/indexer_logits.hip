@@ -331,7 +331,7 @@ DSV4_DEVICE void row_logits(const uint8_t* q, int64_t head_stride, const float* 
   (void)lane, (void)q, (void)head_stride, (void)w, (void)keys, (void)lo, (void)hi, (void)sub_first, (void)sub_step;
   (void)factor, (void)q_fnuz, (void)k_fnuz, (void)out;
 #if DSV4_DEVICE_PASS
-  __builtin_trap();  // never launched: the host picks the scalar kernel where no matrix unit path exists
+  device_trap();  // never launched: the host picks the scalar kernel where no matrix unit path exists
 #endif
 #endif
 }
@@ -748,7 +748,7 @@ __global__ void __launch_bounds__(kWgThreads, 2) logits_wgmma_kernel(Args args) 
 #else
   (void)args;
 #if DSV4_DEVICE_PASS
-  __builtin_trap();  // no wgmma in this device pass; the launcher picks this kernel only where it runs
+  device_trap();  // no wgmma in this device pass; the launcher picks this kernel only where it runs
 #endif
 #endif
 }
@@ -945,7 +945,7 @@ __global__ void __launch_bounds__(kWgThreads, 2)
   (void)key_map;
   (void)tiles_per_block;
 #if DSV4_DEVICE_PASS
-  __builtin_trap();  // no wgmma in this device pass; the launcher picks this kernel only where it runs
+  device_trap();  // no wgmma in this device pass; the launcher picks this kernel only where it runs
 #endif
 #endif
 }

@@ -120,7 +120,7 @@ DSV4_DEVICE void mma(Acc& c, const FragA& a, const FragB& b) {
   c.v[3] = cv[3];
 #else
   (void)c, (void)a, (void)b;
-  __builtin_trap();  // no bf16 MFMA on this target
+  device_trap();  // no bf16 MFMA on this target
 #endif
 }
 #if defined(__gfx950__)
@@ -217,7 +217,7 @@ DSV4_DEVICE void mma(Acc& c, const FragA& a, const FragB& b) {
   }
 #else
   (void)c, (void)a, (void)b;
-  __trap();  // no bf16 mma.sync before sm_80
+  device_trap();  // no bf16 mma.sync before sm_80
 #endif
 }
 #endif

@@ -124,7 +124,7 @@ DSV4_DEVICE void mma_step(float* c, const Frag16& a_lo, const Frag16& a_hi, cons
   (void)b;
   (void)s;
 #if DSV4_DEVICE_PASS
-  __builtin_trap();  // no FP8 matrix unit in this device pass; the launcher is never reached there
+  device_trap();  // no FP8 matrix unit in this device pass; the launcher is never reached there
 #endif
 #endif
 }
@@ -1215,7 +1215,7 @@ __global__ void __launch_bounds__(128 * kWarpGroups) bmm_wgmma_kernel(BmmA8W8MxS
 #else
   (void)args;
 #if DSV4_DEVICE_PASS
-  __builtin_trap();  // no wgmma in this device pass; the launcher only picks this kernel for sm_90a builds on sm_90
+  device_trap();  // no wgmma in this device pass; the launcher only picks this kernel for sm_90a builds on sm_90
 #endif
 #endif
 }

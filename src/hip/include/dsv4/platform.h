@@ -55,6 +55,18 @@ inline constexpr int kWarpSize = 64;
 inline constexpr int kWarpSize = 32;
 #endif
 
+#if DSV4_GPU_COMPILER
+// Stops the kernel: for code paths a launcher never picks in this device pass (no such instruction there).
+// nvcc rejects __builtin_trap in device code; clang's HIP takes it.
+DSV4_DEVICE void device_trap() {
+#if defined(__CUDA_ARCH__)
+  __trap();
+#else
+  __builtin_trap();
+#endif
+}
+#endif
+
 // Result of a raw-pointer launcher. The bindings turn anything but kOk into a Python exception.
 enum class LaunchStatus : int {
   kOk = 0,
