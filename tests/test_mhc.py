@@ -484,6 +484,38 @@ def test_wrappers_fall_back_for_misaligned_rows_and_fp32_norm_weight(caplog):
     assert_bits_equal(got[2], reference.mhc_pre(aligned, fn, scale, base, norm_weight=weight, norm_eps=1e-6)[2])
 
 
+def test_wrappers_reference_fallback_at_zero_tokens_and_for_an_fp32_x(caplog):
+    """The reference serves what the kernel refuses, T = 0 included; an fp32 x falls back (not an error)."""
+    caplog.set_level(logging.INFO, logger="dsv4ops")
+    hidden = 100  # not a multiple of 64: the kernel refuses it
+    residual, x = torch.empty(0, 4, hidden, dtype=torch.bfloat16), torch.empty(0, hidden, dtype=torch.bfloat16)
+    fn, scale, base = torch.randn(24, 4 * hidden) * 1e-4, torch.randn(3) * 0.1, torch.randn(24) * 0.1
+    post, comb, layer_input = dsv4ops.mhc_pre(residual, fn, scale, base)
+    assert post.shape == (0, 4, 1) and comb.shape == (0, 4, 4) and layer_input.shape == (0, hidden)
+    assert dsv4ops.mhc_post(x, residual, post, comb).shape == (0, 4, hidden)
+    assert len(dsv4ops.mhc_fused_post_pre(x, residual, post, comb, fn, scale, base)) == 4
+    assert dsv4ops.hc_head(residual, fn[:4], base[:4], scale[:1]).shape == (0, hidden)
+    residual = streams(2, 256, seed=29)
+    x = torch.randn(2, 256)
+    post, comb = torch.rand(2, 4, 1), torch.rand(2, 4, 4)
+    got = dsv4ops.mhc_post(x, residual, post, comb)
+    assert "the kernel needs a bf16 x" in caplog.text
+    assert_bits_equal(got, reference.mhc_post(x, residual, post, comb))
+
+
+def test_wrappers_compile_fullgraph():
+    residual = streams(3, 256, seed=30)
+    fn, scale, base = params(256, seed=31)
+    x = torch.randn(3, 256).to(torch.bfloat16)
+
+    def layer(x, residual):
+        post, comb, layer_input = dsv4ops.mhc_pre(residual, fn, scale, base)
+        return dsv4ops.mhc_fused_post_pre(x + layer_input, residual, post, comb, fn, scale, base)
+
+    for got, want in zip(torch.compile(layer, fullgraph=True)(x, residual), layer(x, residual)):
+        assert_bits_equal(got, want)
+
+
 def test_adapter_without_the_op_is_passed_over(monkeypatch):
     """An AITER adapter has no hc_head: on a simulated gfx942 the head then goes to the reference."""
     monkeypatch.setattr(mhc_module.platform, "device_arch", lambda device: "gfx942")

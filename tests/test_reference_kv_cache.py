@@ -283,6 +283,10 @@ def test_global_topk_indices():
                                                          torch.tensor([True, False]))
     assert idx.tolist() == [[28, 9, -1], [19, -1, -1]] and idx.dtype == torch.int32
     assert lens.tolist() == [2, 0]
+    # Local index 9 lies in column 2 of a 2-column table: no slot (a clamped column would give 9 = 2 * 4 + 1).
+    idx, lens = kvc.compute_global_topk_indices_and_lens(torch.tensor([[9, 1, -1]]), torch.tensor([0]),
+                                                         torch.tensor([[7, 2]]), 4, torch.tensor([True]))
+    assert idx.tolist() == [[-1, 29, -1]] and lens.tolist() == [2]
 
 
 def test_cache_geometry_checks():

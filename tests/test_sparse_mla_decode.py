@@ -311,6 +311,7 @@ def test_zero_tokens_and_invalid_inputs(device):
     assert out.shape == (0, 4, 512)
     q = torch.zeros(2, 4, 512, dtype=torch.bfloat16, device=device)
     idx, ptr = to(device, *ragged([[0], [1]]))
+    shared = torch.zeros(2 * 4 * 512 + 512, dtype=torch.bfloat16, device=device)  # q and out one head apart
     call = lambda **o: torch.ops.dsv4.sparse_mla_decode(  # noqa: E731
         o.get("q", q), o.get("cache", main_cache), o.get("idx", idx), o.get("ptr", ptr), 64, o.get("extra"), None,
         None, 16, o.get("sink"), o.get("scale", SCALE), 0, 0, o.get("splits", 0), o.get("cos_sin"), o.get("positions"),
@@ -328,6 +329,9 @@ def test_zero_tokens_and_invalid_inputs(device):
         (dict(out=torch.empty(1, 1, 512, dtype=torch.bfloat16, device=device).expand(2, 4, 512)),
          "out must not overlap itself"),
         (dict(cache=main_cache[:, :1000]), "cannot hold block_size=64 records|must be contiguous"),
+        (dict(out=q), "out must not overlap q"),
+        (dict(q=shared[:4096].view(2, 4, 512), out=shared[512:].view(2, 4, 512)), "out must not overlap q"),
+        (dict(out=main_cache.view(torch.bfloat16)[0, :4096].view(2, 4, 512)), "out must not overlap main_cache"),
     ]:
         with pytest.raises(RuntimeError, match=match):
             call(**kwargs)

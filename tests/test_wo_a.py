@@ -315,6 +315,24 @@ def test_zero_tokens(device):
                                            torch.bfloat16).shape == (0, 2, 128)
 
 
+def _bmm_out_over_x():
+    """bmm_a8w8_mxscale.out whose out shares x's bytes."""
+    storage = torch.zeros(2 * 2 * 128 * 2, dtype=torch.uint8)
+    x = storage[: 2 * 2 * 128].view(torch.float8_e4m3fn).view(2, 2, 128)
+    out = storage.view(torch.bfloat16).view(2, 2, 128)
+    torch.ops.dsv4.bmm_a8w8_mxscale.out(x, torch.zeros(2, 128, 128, dtype=torch.float8_e4m3fn),
+                                        torch.zeros(2, 2, 1, dtype=torch.uint8), torch.zeros(2, 1, 1, dtype=torch.uint8),
+                                        out=out)
+
+
+def _group_quant_scale_in_payload():
+    """inverse_rope_group_quant.out whose x_scale lies inside x_fp8."""
+    x_fp8 = torch.empty(2, 2, 2048, dtype=torch.uint8)
+    torch.ops.dsv4.inverse_rope_group_quant.out(torch.zeros(2, 8, 512, dtype=torch.bfloat16), torch.arange(2),
+                                                rope_table(8), 2, 128, 0, 448.0, True, x_fp8=x_fp8,
+                                                x_scale=x_fp8.view(-1)[:64].view(2, 2, 16))
+
+
 @pytest.mark.parametrize(
     "call,match",
     [
@@ -374,6 +392,8 @@ def test_zero_tokens(device):
             x_fp8=torch.empty(2, 2, 2048, dtype=torch.float8_e4m3fn),
             x_scale=torch.zeros(1, 2, 16, dtype=torch.uint8).expand(2, 2, 16)),
          "x_scale must not overlap itself"),
+        (lambda: _bmm_out_over_x(), "out must not overlap x"),
+        (lambda: _group_quant_scale_in_payload(), "x_scale must not overlap x_fp8"),
     ],
 )
 def test_invalid_inputs(call, match):
@@ -468,6 +488,25 @@ def test_prepare_on_an_fnuz_device_normalizes_the_weight():
     z_fnuz = dsv4ops.wo_a_forward(o, torch.arange(4), fnuz, apply_inverse_rope=True)
     a, b = z_fnuz.double().flatten(), z_ocp.double().flatten()
     assert float((a - b).norm() / b.norm()) < 0.05
+
+
+def test_strided_weight_and_other_activation_dtypes():
+    """A weight that is not K-contiguous is copied once by prepare (the GEMM reads K-contiguous rows); an
+    activation dtype other than bf16 takes the BF16 path of the same plan instead of failing in the GEMM."""
+    weight, scale = checkpoint(2, seed=16)
+    cos_sin = rope_table(64)
+    strided = weight.view(torch.uint8).t().contiguous().t().view(torch.float8_e4m3fn)  # same values, K-strided
+    assert not strided.is_contiguous()
+    plan = dsv4ops.prepare_wo_a(strided, scale, 2, 1024, cos_sin, "cpu")
+    assert plan.path == "fp8" and plan.weight.is_contiguous()
+    o = attention_output(4, 16, seed=17)
+    want = dsv4ops.wo_a_forward(o, torch.arange(4), dsv4ops.prepare_wo_a(weight, scale, 2, 1024, cos_sin, "cpu"),
+                                apply_inverse_rope=True)
+    assert torch.equal(dsv4ops.wo_a_forward(o, torch.arange(4), plan, apply_inverse_rope=True), want)
+    bf16_path = dsv4ops.prepare_wo_a(weight, scale, 2, 1024, cos_sin, "cpu", activation_dtype=torch.float16)
+    z = dsv4ops.wo_a_forward(o.half(), torch.arange(4), plan, apply_inverse_rope=True)
+    assert z.dtype == torch.float16
+    assert torch.equal(z, dsv4ops.wo_a_forward(o.half(), torch.arange(4), bf16_path, apply_inverse_rope=True))
 
 
 @pytest.mark.parametrize(

@@ -4,7 +4,8 @@ Public wrappers over torch.ops.dsv4.* with reference fallback.
 
 FP8 operands are decoded per their dtype; byte 0x80 reads as +0 whatever the dtype (an OCP writer's -0
 may sit in an FNUZ-typed buffer). The indexer cache of the paged op is block-flat uint8 (block_size x D
-FP8 bytes, then block_size fp32 scales); its encoding defaults to q's.
+FP8 bytes, then block_size fp32 scales); its encoding defaults to OCP (the indexer-K writer's on every
+platform), whatever q's.
 
 The two logits ops take, in order: the dsv4ops kernel where dispatch finds one for the device; else, for a
 tensor on a GPU with triton importable, the Triton fallback (indexer_triton.py; how the upstream stack

@@ -104,16 +104,21 @@ def select_backend(arch: str, hc_mult: int, hidden: int, kernel_reason: Optional
     raise AssertionError("every BACKEND_ORDER entry ends with the reference")
 
 
-def _kernel_fit(residual: torch.Tensor, tensors: Sequence[Optional[torch.Tensor]]) -> Optional[str]:
+def _kernel_fit(residual: torch.Tensor, tensors: Sequence[Optional[torch.Tensor]],
+                x: Optional[torch.Tensor] = None) -> Optional[str]:
     if residual.dim() != 3 or residual.shape[1] != HC_MULT:
         return f"the kernel needs hc_mult {HC_MULT} (residual [T, 4, hidden]), got shape {tuple(residual.shape)}"
     if residual.shape[2] % HIDDEN_MULTIPLE != 0 or residual.shape[2] == 0:
         return f"the kernel needs hidden a positive multiple of {HIDDEN_MULTIPLE}, got {residual.shape[2]}"
     if residual.dtype != torch.bfloat16:
         return f"the kernel needs a bf16 residual, got {residual.dtype}"
+    if x is not None and x.dtype != torch.bfloat16:
+        return f"the kernel needs a bf16 x, got {x.dtype}"
     for t in tensors:
         if t is not None and t.device != residual.device:
             return "the kernel needs every tensor on the residual's device"
+    if torch.compiler.is_compiling():
+        return None  # addresses are unknown while tracing: a misaligned input is refused by the op itself
     for t in (residual,) + tuple(t for t in tensors if t is not None and t.dim() >= 2 or t is not None and
                                  t.dtype == torch.bfloat16):
         if t.is_contiguous() and t.data_ptr() % 16:  # a non-contiguous tensor is copied to aligned memory
@@ -122,8 +127,8 @@ def _kernel_fit(residual: torch.Tensor, tensors: Sequence[Optional[torch.Tensor]
 
 
 def _choose(op: str, residual: torch.Tensor, tensors: Sequence[Optional[torch.Tensor]],
-            norm_weight: Optional[torch.Tensor] = None) -> str:
-    fit = _kernel_fit(residual, tensors)
+            norm_weight: Optional[torch.Tensor] = None, x: Optional[torch.Tensor] = None) -> str:
+    fit = _kernel_fit(residual, tensors, x)
     if fit is None and norm_weight is not None and norm_weight.dtype != torch.bfloat16:
         fit = f"the kernel takes a bf16 norm_weight, got {norm_weight.dtype}"
     decision = dispatch.decide(op, residual.device, lambda: fit)
@@ -169,7 +174,7 @@ def mhc_pre(residual: torch.Tensor, fn: torch.Tensor, scale: torch.Tensor, base:
 def mhc_post(x: torch.Tensor, residual: torch.Tensor, post_mix: torch.Tensor, comb_mix: torch.Tensor):
     """spec §3: new_residual[:, j] = post_j * x + sum_i comb[i, j] * residual_i; post_mix [T, 4, 1] or
     [T, 4]. Returns bf16 [T, 4, hidden]."""
-    backend = _choose("mhc_post", residual, (x, post_mix, comb_mix))
+    backend = _choose("mhc_post", residual, (x, post_mix, comb_mix), x=x)
     if backend == "dsv4ops":
         return torch.ops.dsv4.mhc_post(x.contiguous(), residual.contiguous(), _float32(post_mix), _float32(comb_mix))
     if backend != "reference":
@@ -185,7 +190,7 @@ def mhc_fused_post_pre(x: torch.Tensor, residual: torch.Tensor, post_mix: torch.
     """spec §4: mhc_post, then the next sub-layer's mhc_pre on the bf16 new residual. Returns
     (residual_cur, post_mix_cur, comb_mix_cur, layer_input_cur)."""
     backend = _choose("mhc_fused_post_pre", residual, (x, post_mix, comb_mix, fn, scale, base, norm_weight),
-                      norm_weight)
+                      norm_weight, x)
     if backend == "dsv4ops":
         return torch.ops.dsv4.mhc_fused_post_pre(
             x.contiguous(), residual.contiguous(), _float32(post_mix), _float32(comb_mix), _float32(fn),

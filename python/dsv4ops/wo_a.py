@@ -232,6 +232,8 @@ def prepare_wo_a(weight: torch.Tensor, weight_scale: Optional[torch.Tensor], n_g
         return _refuse(plan_args, f"scale: could not losslessly encode the {weight_scale.dtype} wo_a block scale "
                                   f"as UE8M0 ({why})")
     fmt, qmax = format_and_quant_max(device, fp8_format, quant_max)
+    # The GEMM reads K-contiguous weight rows: a strided view (a transpose's transpose, say) is copied once.
+    weight = weight.contiguous()
     if fmt is Fp8Format.FNUZ and weight.dtype == torch.float8_e4m3fn:
         # The checkpoint's OCP bytes read as FNUZ are worth half: the scale byte gains one (lossless).
         try:
@@ -251,6 +253,12 @@ def wo_a_forward(o: torch.Tensor, positions: torch.Tensor, plan: WoAPlan, apply_
     t, heads, _ = o.shape
     g = plan.n_groups
     path = gemm_path(t, g, o.device.type) if plan.path == "fp8" else "bf16"
+    if path != "bf16" and o.dtype != torch.bfloat16:  # the plan's FP8 path serves bf16 activations only
+        reason = f"o has dtype {o.dtype}; the FP8 path takes bf16"
+        if reason not in _logged:
+            _logged.add(reason)
+            logger.warning("dsv4ops: wo_a uses the BF16 path for this call: %s", reason)
+        path = "bf16"
     if path == "vendor_fp8" and (o.device.type != "cuda" or t < 2 or plan.fp8_format is not Fp8Format.OCP):
         path = "fp8_kernel"
     if path in ("fp8_kernel", "vendor_fp8"):

@@ -85,6 +85,22 @@ void check_no_self_overlap(const Tensor& t, const char* op, const char* arg) {
   }
 }
 
+bool overlaps(const Tensor& a, const Tensor& b) {
+  const auto span = [](const Tensor& t) {
+    int64_t last = 0;  // the last element's offset, in elements
+    for (int64_t d = 0; d < t.dim(); ++d) last += (t.size(d) - 1) * t.stride(d);
+    return (last + 1) * static_cast<int64_t>(t.element_size());
+  };
+  if (a.numel() == 0 || b.numel() == 0) return false;
+  const auto* a0 = static_cast<const uint8_t*>(a.data_ptr());
+  const auto* b0 = static_cast<const uint8_t*>(b.data_ptr());
+  return a0 < b0 + span(b) && b0 < a0 + span(a);
+}
+
+void check_apart(const Tensor& out, const char* out_arg, const Tensor& other, const char* other_arg, const char* op) {
+  STD_TORCH_CHECK(!overlaps(out, other), op, ": ", out_arg, " must not overlap ", other_arg);
+}
+
 void check_same_device(const Tensor& a, const char* arg_a, const Tensor& b, const char* arg_b, const char* op) {
   const bool same = a.is_cpu() == b.is_cpu() && (a.is_cpu() || a.get_device_index() == b.get_device_index());
   STD_TORCH_CHECK(same, op, ": ", arg_a, " and ", arg_b, " must be on the same device, got ", device_string(a),

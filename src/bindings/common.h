@@ -33,6 +33,11 @@ void check_contiguous(const Tensor& t, const char* op, const char* arg);
 // Refuses a strided output whose elements share memory (an expanded view, say): the kernels' threads would
 // race on them and the result would depend on scheduling.
 void check_no_self_overlap(const Tensor& t, const char* op, const char* arg);
+// Whether the byte ranges the two tensors span (first to last element, whatever their strides) meet.
+bool overlaps(const Tensor& a, const Tensor& b);
+// Refuses an output that shares memory with an input (or another output): the kernels read inputs while
+// other threads write the output, so the result would depend on scheduling.
+void check_apart(const Tensor& out, const char* out_arg, const Tensor& other, const char* other_arg, const char* op);
 void check_same_device(const Tensor& a, const char* arg_a, const Tensor& b, const char* arg_b, const char* op);
 Fp8Format checked_fp8_format(int64_t value, const char* op);
 ScalarType fp8_dtype(Fp8Format format);

@@ -15,19 +15,6 @@ constexpr int64_t kVectorBytes = 16;
 
 bool aligned(const Tensor& t) { return is_aligned(t.data_ptr(), kVectorBytes); }
 
-// Whether the byte ranges the two tensors span (first to last element, whatever their strides) meet.
-bool overlaps(const Tensor& a, const Tensor& b) {
-  const auto span = [](const Tensor& t) {
-    int64_t last = 0;  // the last element's offset, in elements
-    for (int64_t d = 0; d < t.dim(); ++d) last += (t.size(d) - 1) * t.stride(d);
-    return (last + 1) * static_cast<int64_t>(t.element_size());
-  };
-  if (a.numel() == 0 || b.numel() == 0) return false;
-  const auto* a0 = static_cast<const uint8_t*>(a.data_ptr());
-  const auto* b0 = static_cast<const uint8_t*>(b.data_ptr());
-  return a0 < b0 + span(b) && b0 < a0 + span(a);
-}
-
 void check_index_vector(const Tensor& t, ScalarType dtype, int64_t length, const char* op, const char* arg) {
   check_dtype(t, op, arg, {dtype});
   STD_TORCH_CHECK(t.dim() == 1, op, ": ", arg, " must be 1-D, got shape ", shape_string(t));
@@ -192,6 +179,14 @@ QnormRopeKvInsertArgs checked_kv_side(const Tensor& kv, const Tensor& slot_mappi
   return args;
 }
 
+// The index and RoPE inputs are read while the outputs are written: no output may share their memory.
+void check_apart_from_kv_inputs(const Tensor& written, const char* name, const Tensor& slot_mapping,
+                                const Tensor& position_ids, const Tensor& cos_sin_cache, const char* op) {
+  check_apart(written, name, slot_mapping, "slot_mapping", op);
+  check_apart(written, name, position_ids, "position_ids", op);
+  check_apart(written, name, cos_sin_cache, "cos_sin_cache", op);
+}
+
 void set_ds_mla_cache(QnormRopeKvInsertArgs& args, const Tensor& k_cache, const Tensor& kv, int64_t block_size,
                       const char* op) {
   args.kv_store = KvRowStore::kDsMlaRecord;
@@ -238,6 +233,7 @@ QnormRopeKvInsertArgs checked_qnorm_rope_kv_insert(const Tensor& q_in, const Ten
                                                fp8_format, quant_max, op);
   set_ds_mla_cache(args, k_cache, kv, cache_block_size, op);
   STD_TORCH_CHECK(!overlaps(q_in, k_cache), op, ": q_in must not overlap k_cache");
+  check_apart_from_kv_inputs(k_cache, "k_cache", slot_mapping, position_ids, cos_sin_cache, op);
   set_q_side(args, q_in, "q_in", kv, eps, apply_q_norm, op);
   STD_TORCH_CHECK(q_head_padded >= q_in.size(1), op, ": q_head_padded must be >= the ", q_in.size(1),
                   " heads of q_in, got ", q_head_padded);
@@ -284,6 +280,7 @@ void qnorm_rope_kv_insert_out(const Tensor& q_in, const Tensor& kv, Tensor k_cac
   STD_TORCH_CHECK(in_place || !overlaps(q_out, q_in), kOp,
                   ": q_out may alias q_in only exactly and only when q_head_padded equals the number of heads");
   STD_TORCH_CHECK(!overlaps(q_out, kv) && !overlaps(q_out, k_cache), kOp, ": q_out must not overlap kv or k_cache");
+  check_apart_from_kv_inputs(q_out, "q_out", slot_mapping, position_ids, cos_sin_cache, kOp);
   args.q_out = static_cast<uint16_t*>(q_out.data_ptr());
   run_qnorm_rope_kv_insert(args, q_in, kOp);
 }
@@ -303,6 +300,8 @@ void qnorm_rope_kv_insert_full_cache_bf16(Tensor q, const Tensor& kv, Tensor k_c
   check_same_device(kv, "kv", k_cache, "k_cache", kOp);
   STD_TORCH_CHECK(!overlaps(q, kv) && !overlaps(q, k_cache), kOp, ": q must not overlap kv or k_cache");
   STD_TORCH_CHECK(!overlaps(kv, k_cache), kOp, ": kv must not overlap k_cache");
+  check_apart_from_kv_inputs(k_cache, "k_cache", slot_mapping, position_ids, cos_sin_cache, kOp);
+  check_apart_from_kv_inputs(q, "q", slot_mapping, position_ids, cos_sin_cache, kOp);
   args.q_out = static_cast<uint16_t*>(q.data_ptr());  // in place: each Q row is read before it is written
   run_qnorm_rope_kv_insert(args, q, kOp);
 }
@@ -335,6 +334,8 @@ void qnorm_rope_kv_insert_full_cache_fp8(const Tensor& q, const Tensor& kv, Tens
   STD_TORCH_CHECK(!overlaps(q_fp8, q) && !overlaps(q_fp8, kv) && !overlaps(q_fp8, k_cache) &&
                       !overlaps(k_cache, q) && !overlaps(k_cache, kv),
                   kOp, ": q_fp8 and k_cache must not overlap each other or the inputs");
+  check_apart_from_kv_inputs(k_cache, "k_cache", slot_mapping, position_ids, cos_sin_cache, kOp);
+  check_apart_from_kv_inputs(q_fp8, "q_fp8", slot_mapping, position_ids, cos_sin_cache, kOp);
   args.q_fp8 = static_cast<uint8_t*>(q_fp8.data_ptr());
   args.q_scale_inverse = checked_scalar(q_fp8_scale_inv, kv, kOp, "q_fp8_scale_inv");
   args.kv_scale = checked_scalar(fp8_scale, kv, kOp, "fp8_scale");
@@ -352,6 +353,7 @@ QnormRopeKvInsertArgs checked_kv_only(const Tensor& kv, const Tensor& k_cache, c
   QnormRopeKvInsertArgs args =
       checked_kv_side(kv, slot_mapping, position_ids, cos_sin_cache, kv.size(0), fp8_format, quant_max, op);
   set_ds_mla_cache(args, k_cache, kv, cache_block_size, op);
+  check_apart_from_kv_inputs(k_cache, "k_cache", slot_mapping, position_ids, cos_sin_cache, op);
   STD_TORCH_CHECK(slot_mapping.size(0) == kv.size(0), op, ": slot_mapping must have one entry per token (",
                   kv.size(0), "), got ", slot_mapping.size(0));
   return args;

@@ -281,12 +281,16 @@ def qnorm_rope_kv_insert_full_cache_fp8(q: torch.Tensor, kv: torch.Tensor, q_fp8
 def compute_global_topk_indices_and_lens(topk_indices: torch.Tensor, token_to_req_indices: torch.Tensor,
                                          block_table: torch.Tensor, block_size: int,
                                          is_valid_token: torch.Tensor):
-    """spec §9.3: local top-k indices -> global cache slots (-1 where local < 0), and per-token counts."""
+    """spec §9.3: local top-k indices -> global cache slots (-1 where local < 0), and per-token counts.
+    A local index past the block table's width also gives -1 (the spec leaves it undefined; a clamped
+    column would name a slot of another block, which attention would then read)."""
     local = topk_indices.long()
     req = token_to_req_indices.long()[:, None].expand_as(local)
-    col = (local.clamp(min=0) // block_size).clamp(max=block_table.shape[1] - 1)
-    slots = block_table.long()[req, col] * block_size + local.clamp(min=0) % block_size
-    global_idx = torch.where(local >= 0, slots, torch.full_like(slots, -1)).to(topk_indices.dtype)
+    col = local.clamp(min=0) // block_size
+    in_table = (local >= 0) & (col < block_table.shape[1])
+    block = block_table.long()[req, col.clamp(max=block_table.shape[1] - 1)]
+    slots = block * block_size + local.clamp(min=0) % block_size
+    global_idx = torch.where(in_table, slots, torch.full_like(slots, -1)).to(topk_indices.dtype)
     lens = torch.where(is_valid_token, (local >= 0).sum(dim=1), torch.zeros_like(local[:, 0])).to(torch.int32)
     return global_idx, lens
 

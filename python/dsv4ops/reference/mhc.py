@@ -46,7 +46,7 @@ def sinkhorn(logits: torch.Tensor, eps: float, iters: int) -> torch.Tensor:
 
 def _normalized_mixes(residual: torch.Tensor, fn: torch.Tensor, rms_eps: float) -> torch.Tensor:
     t = residual.shape[0]
-    x = residual.reshape(t, -1).to(torch.float32)
+    x = residual.reshape(t, residual.shape[1] * residual.shape[2]).to(torch.float32)  # (-1 fails at T = 0)
     r = torch.rsqrt((x * x).mean(dim=-1, keepdim=True) + rms_eps)
     return (x @ fn.to(torch.float32).t()) * r
 
