@@ -205,6 +205,32 @@ def test_fused_post_pre_is_post_then_pre(device, t, hidden):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("t,hidden", [(1, 4096), (17, 256), (65, 7168), (129, 7168)])
+def test_fused_post_pre_with_post_mult_one(device, t, hidden):
+    """post_mult 1.0 (the other fused tests use 2.0): the post weights are the bare sigmoids, and the rest is
+    unchanged: the same comparisons as test_fused_post_pre_is_post_then_pre."""
+    residual = streams(t, hidden, seed=36)
+    x = torch.randn(t, hidden, generator=torch.Generator().manual_seed(37)).to(torch.bfloat16)
+    post, comb, _ = reference.mhc_pre(residual, *params(hidden, seed=38))
+    fn, scale, base = params(hidden, seed=39, strength=10.0)
+    args = to(device, x, residual, post, comb, fn, scale, base)
+    fused = torch.ops.dsv4.mhc_fused_post_pre(*args, EPS, EPS, EPS, 1.0, 20, None, EPS)
+    want = reference.mhc_fused_post_pre(x, residual, post, comb, fn, scale, base, post_mult=1.0)
+    assert_bf16_close(fused[0], want[0], post_magnitude(x, residual, post, comb))
+    torch.testing.assert_close(fused[1].cpu(), want[1], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(fused[2].cpu(), want[2], rtol=0, atol=1e-5)
+    new_residual = fused[0].cpu()
+    want_post, want_comb, want_input = reference.mhc_pre(new_residual, fn, scale, base, post_mult=1.0)
+    torch.testing.assert_close(fused[1].cpu(), want_post, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(fused[2].cpu(), want_comb, rtol=0, atol=1e-5)
+    assert_bf16_close(fused[3], want_input, collapse_magnitude(new_residual))
+    ours = torch.ops.dsv4.mhc_post(*args[:4])
+    unfused = (ours,) + tuple(torch.ops.dsv4.mhc_pre(ours, *args[4:], EPS, EPS, EPS, 1.0, 20, None, EPS))
+    for got, want_bits in zip(fused, unfused):
+        assert_bits_equal(got.cpu(), want_bits.cpu())
+
+
+@pytest.mark.parametrize("device", DEVICES)
 # 768 and 769: the head's switch from one epilogue + collapse kernel to two (src/hip/mhc/mhc.hip).
 @pytest.mark.parametrize("t,hidden", [(1, 4096), (7, 7168), (100, 4096), (128, 4096), (193, 7168), (768, 4096),
                                       (769, 7168), (2100, 4096)])
@@ -272,6 +298,121 @@ def test_post_invalid_inputs():
         torch.ops.dsv4.mhc_post(x, R, post, torch.zeros(2, 16))
     with pytest.raises(RuntimeError, match="post_mix must have dtype float32"):
         torch.ops.dsv4.mhc_post(x, R, post.double(), comb)
+
+
+def _misaligned(*shape, dtype=torch.bfloat16):
+    """A contiguous tensor whose data starts one element (2 or 4 bytes) past a 16-byte boundary."""
+    numel = torch.Size(shape).numel()
+    return torch.zeros(numel + 8, dtype=dtype)[1 : 1 + numel].view(shape)
+
+
+def _too_many_tokens(*row):
+    """2^31 tokens of a stride-0 row: the token limit is checked before contiguity, so nothing is allocated."""
+    return torch.zeros(1, *row, dtype=torch.bfloat16).expand(2**31, *row)
+
+
+HEAD_FN, HEAD_SCALE, HEAD_BASE = params(128, mixes=4, scales=1)
+
+
+def _head_args(**over):
+    base = dict(residual=R, fn=HEAD_FN, base=HEAD_BASE, scale=HEAD_SCALE, rms_eps=EPS, eps=EPS)
+    base.update(over)
+    return tuple(base.values())
+
+
+@pytest.mark.parametrize(
+    "over,match",
+    [
+        (dict(residual=R.float()), "residual must have dtype bfloat16, got float32"),
+        (dict(residual=torch.zeros(2, 3, 128, dtype=torch.bfloat16)),
+         r"residual must have shape \[tokens, 4, hidden\] \(hc_mult 4\), got \[2, 3, 128\]"),
+        (dict(residual=torch.zeros(2, 4, 96, dtype=torch.bfloat16)), "hidden must be a positive multiple of 64, got 96"),
+        (dict(residual=torch.zeros(2, 4, 0, dtype=torch.bfloat16)), "hidden must be a positive multiple of 64, got 0"),
+        (dict(residual=_too_many_tokens(4, 64), fn=torch.zeros(4, 256)), r"at most 2\^31 - 1 tokens, got 2147483648"),
+        (dict(residual=torch.zeros(2, 4, 256, dtype=torch.bfloat16)[..., ::2]), "residual must be contiguous"),
+        (dict(residual=_misaligned(2, 4, 128)), "residual must start 16-byte aligned"),
+        (dict(fn=FN), r"fn must have shape \[4, 512\], got \[24, 512\]"),  # the sub-layer's fn: 24 mixes
+        (dict(fn=HEAD_FN[:, :256]), r"fn must have shape \[4, 512\], got \[4, 256\]"),
+        (dict(fn=HEAD_FN.double()), "fn must have dtype float32, got float64"),
+        (dict(fn=HEAD_FN.t().contiguous().t()), "fn must be contiguous"),
+        (dict(fn=_misaligned(4, 512, dtype=torch.float32)), "fn must start 16-byte aligned"),
+        (dict(scale=SCALE), r"scale must have shape \[1\], got \[3\]"),
+        (dict(scale=HEAD_SCALE.double()), "scale must have dtype float32, got float64"),
+        (dict(base=BASE), r"base must have shape \[4\], got \[24\]"),
+        (dict(base=HEAD_BASE.half()), "base must have dtype float32, got float16"),
+        (dict(base=torch.zeros(4, 2)[:, 0]), "base must be contiguous"),
+        (dict(rms_eps=float("nan")), "rms_eps must be finite and >= 0, got nan"),
+        (dict(eps=-1.0), "dsv4.hc_head: pre_eps must be finite and >= 0, got -1"),  # eps is reported as pre_eps
+        (dict(eps=float("inf")), "pre_eps must be finite and >= 0, got inf"),
+    ],
+)
+def test_hc_head_invalid_inputs(over, match):
+    with pytest.raises(RuntimeError, match=match):
+        torch.ops.dsv4.hc_head(*_head_args(**over))
+
+
+X = torch.zeros(2, 128, dtype=torch.bfloat16)
+POST, COMB = torch.zeros(2, 4, 1), torch.zeros(2, 4, 4)
+
+
+def _fused_args(**over):
+    base = dict(x=X, residual=R, post_mix=POST, comb_mix=COMB, fn=FN, scale=SCALE, base=BASE, rms_eps=EPS,
+                pre_eps=EPS, sinkhorn_eps=EPS, post_mult=2.0, sinkhorn_iters=20, norm_weight=None, norm_eps=EPS)
+    base.update(over)
+    return tuple(base.values())
+
+
+@pytest.mark.parametrize(
+    "over,match",
+    [
+        # the post half
+        (dict(x=X.float()), "x must have dtype bfloat16, got float32"),
+        (dict(x=X[:1]), r"x must have shape \[2, 128\], got \[1, 128\]"),
+        (dict(x=torch.zeros(2, 64, dtype=torch.bfloat16)), r"x must have shape \[2, 128\], got \[2, 64\]"),
+        (dict(x=torch.zeros(2, 256, dtype=torch.bfloat16)[:, ::2]), "x must be contiguous"),
+        (dict(x=_misaligned(2, 128)), "x must start 16-byte aligned"),
+        (dict(residual=R.float()), "residual must have dtype bfloat16, got float32"),
+        (dict(residual=torch.zeros(2, 3, 128, dtype=torch.bfloat16)),
+         r"residual must have shape \[tokens, 4, hidden\] \(hc_mult 4\), got \[2, 3, 128\]"),
+        (dict(residual=torch.zeros(2, 4, 96, dtype=torch.bfloat16)), "hidden must be a positive multiple of 64, got 96"),
+        (dict(residual=torch.zeros(3, 4, 128, dtype=torch.bfloat16)), r"x must have shape \[3, 128\], got \[2, 128\]"),
+        (dict(residual=_too_many_tokens(4, 64)), r"at most 2\^31 - 1 tokens, got 2147483648"),
+        (dict(residual=R.transpose(0, 1).contiguous().transpose(0, 1)), "residual must be contiguous"),
+        (dict(residual=_misaligned(2, 4, 128)), "residual must start 16-byte aligned"),
+        (dict(post_mix=POST.double()), "post_mix must have dtype float32, got float64"),
+        (dict(post_mix=torch.zeros(2, 3)), r"post_mix must have shape \[2, 4, 1\] or \[2, 4\], got \[2, 3\]"),
+        (dict(post_mix=torch.zeros(3, 4, 1)), r"post_mix must have shape \[2, 4, 1\] or \[2, 4\], got \[3, 4, 1\]"),
+        (dict(post_mix=torch.zeros(2, 4, 2)), r"post_mix must have shape \[2, 4, 1\] or \[2, 4\], got \[2, 4, 2\]"),
+        (dict(post_mix=torch.zeros(2, 4, 2)[..., :1]), "post_mix must be contiguous"),
+        (dict(comb_mix=COMB.double()), "comb_mix must have dtype float32, got float64"),
+        (dict(comb_mix=torch.zeros(2, 16)), r"comb_mix must have shape \[2, 4, 4\], got \[2, 16\]"),
+        (dict(comb_mix=torch.zeros(3, 4, 4)), r"comb_mix must have shape \[2, 4, 4\], got \[3, 4, 4\]"),
+        (dict(comb_mix=torch.zeros(2, 4, 4).transpose(1, 2)), "comb_mix must be contiguous"),
+        # the pre half
+        (dict(fn=FN[:, :256]), r"fn must have shape \[24, 512\], got \[24, 256\]"),
+        (dict(fn=HEAD_FN), r"fn must have shape \[24, 512\], got \[4, 512\]"),  # the head's fn: 4 mixes
+        (dict(fn=FN.double()), "fn must have dtype float32, got float64"),
+        (dict(fn=_misaligned(24, 512, dtype=torch.float32)), "fn must start 16-byte aligned"),
+        (dict(scale=SCALE[:2]), r"scale must have shape \[3\], got \[2\]"),
+        (dict(scale=SCALE.double()), "scale must have dtype float32, got float64"),
+        (dict(base=BASE[:4]), r"base must have shape \[24\], got \[4\]"),
+        (dict(base=BASE.half()), "base must have dtype float32, got float16"),
+        (dict(rms_eps=float("nan")), "rms_eps must be finite and >= 0, got nan"),
+        (dict(pre_eps=-1e-6), "pre_eps must be finite and >= 0, got -1e-06"),
+        (dict(sinkhorn_eps=float("inf")), "sinkhorn_eps must be finite and >= 0, got inf"),
+        (dict(post_mult=float("nan")), "post_mult must be finite, got nan"),
+        (dict(post_mult=float("inf")), "post_mult must be finite, got inf"),
+        (dict(sinkhorn_iters=0), r"sinkhorn_iters must be in \[1, 1000\], got 0"),
+        (dict(sinkhorn_iters=1001), r"sinkhorn_iters must be in \[1, 1000\], got 1001"),
+        (dict(norm_weight=torch.ones(64, dtype=torch.bfloat16)), r"norm_weight must have shape \[128\], got \[64\]"),
+        (dict(norm_weight=torch.ones(128)), "norm_weight must have dtype bfloat16, got float32"),
+        (dict(norm_weight=torch.ones(128, dtype=torch.bfloat16), norm_eps=float("nan")),
+         "norm_eps must be finite and >= 0, got nan"),
+    ],
+)
+def test_fused_post_pre_invalid_inputs(over, match):
+    with pytest.raises(RuntimeError, match="dsv4.mhc_fused_post_pre: " + match):
+        torch.ops.dsv4.mhc_fused_post_pre(*_fused_args(**over))
 
 
 @pytest.mark.parametrize("device", DEVICES)

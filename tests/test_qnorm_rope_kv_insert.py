@@ -225,6 +225,107 @@ def test_guards_no_norm_and_out_of_table_positions(device):
         assert_bytes_equal(cache.cpu(), expected_cache)  # records, and the 0xAB canaries everywhere else
 
 
+OUTSIDE = 0xA5  # canary byte of the memory around the cache and around q_out
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("op", ["qnorm_rope_kv_insert_out", "kv_rope_quant_insert", "kv_norm_rope_quant_insert"])
+def test_capacity_edge_slots_and_canaries_around_cache(device, fmt, op):
+    """spec §11 and the reference's contract: negative slots, slots at or beyond the capacity
+    (size(0) * bs) and positions outside [0, P) of the cos/sin table are skipped, and nothing outside
+    k_cache (or q_out) is written. The cache is a [3, bs*584] view, block stride padded by 64 bytes, in
+    the middle of a buffer with a whole block of 0xA5 canary before and after it (and 0xA5 in the
+    padding between blocks); its own bytes start random, so an untouched record is checked to be
+    unchanged. Slot 48 (= capacity) and 53 name records inside the trailing canary block."""
+    bs, blocks, pad = 16, 3, 64
+    block_bytes = bs * 584
+    stride = block_bytes + pad
+    capacity = blocks * bs  # 48
+    slots = torch.tensor([0, -1, 5, -2, capacity - 1, capacity, 17, capacity + 5, 2**40, 30, 31, 9, 20, 33, 40, 2])
+    positions = torch.tensor([3, 7, 4095, 11, 100, 12, 4096, 13, 14, -1, 2000, -7, 0, 4096, 1, 63])
+    n, h, hp = slots.shape[0], 4, 8
+    written = (slots >= 0) & (slots < capacity) & (positions >= 0) & (positions < 4096)
+    skipped_in_cache = (slots >= 0) & (slots < capacity) & ~written  # valid slots with out-of-table positions
+    assert int(written.sum()) == 7 and int(skipped_in_cache.sum()) == 4
+    assert len(set(slots[(slots >= 0) & (slots < capacity)].tolist())) == int(((slots >= 0) & (slots < capacity)).sum())
+
+    q, kv = inputs(n, h, seed=14, device=device)
+    g = torch.Generator().manual_seed(15)
+    weight = (torch.rand(512, generator=g) * 2).to(torch.bfloat16)
+    if op == "kv_norm_rope_quant_insert":  # exact sums of squares: the norm factor does not depend on the order
+        kv = (torch.randint(-32, 33, (n, 512), generator=g).float() / 8).to(torch.bfloat16)
+
+    def prepare():
+        buffer = torch.full((blocks + 2, stride), OUTSIDE, dtype=torch.uint8)
+        buffer[1 : blocks + 1, :block_bytes] = torch.randint(0, 256, (blocks, block_bytes), dtype=torch.uint8,
+                                                             generator=torch.Generator().manual_seed(16))
+        return buffer
+
+    def cache_of(buffer):
+        return buffer[1 : blocks + 1, :block_bytes]  # stride (stride, 1): a view into the middle of the buffer
+
+    inside = torch.zeros(blocks + 2, stride, dtype=torch.bool)
+    cache_of(inside).fill_(True)
+    initial = prepare()
+
+    buffer = prepare().to(device)
+    cache = cache_of(buffer)
+    assert cache.stride() == (stride, 1) and cache.storage_offset() == stride and cache.data_ptr() % 16 == 0
+    expected_buffer = prepare()
+    expected_cache = cache_of(expected_buffer)
+    cs = cos_sin_cache().to(device)
+    d = lambda t: t.to(device)  # noqa: E731
+    if op == "qnorm_rope_kv_insert_out":
+        q_buffer = torch.full(((n + 2) * hp * 512,), OUTSIDE * 0x0101 - 0x10000, dtype=torch.int16)
+        q_buffer = q_buffer.view(torch.bfloat16).to(device)
+        q_out = q_buffer[hp * 512 : (n + 1) * hp * 512].view(n, hp, 512)
+        torch.ops.dsv4.qnorm_rope_kv_insert.out(d(q), d(kv), cache, d(slots), d(positions), cs, hp, EPS, bs, True,
+                                                int(fmt), fmt.default_quant_max, q_out=q_out)
+        q_ref = reference.qnorm_rope_kv_insert(q, kv, expected_cache, slots, positions, cos_sin_cache(), hp, EPS, bs,
+                                               True, fmt, fmt.default_quant_max)
+        assert_q_close(q_out, q_ref, h)
+        outside_rows = (positions < 0) | (positions >= 4096)
+        assert bool((q_out[outside_rows].cpu().view(torch.int16) == 0).all()), "out-of-table positions: Q row +0"
+        q_all = q_buffer.cpu().view(torch.uint8)
+        row_bytes = hp * 512 * 2
+        assert bool((q_all[:row_bytes] == OUTSIDE).all()) and bool((q_all[(n + 1) * row_bytes :] == OUTSIDE).all()), \
+            "a byte outside q_out changed"
+    elif op == "kv_rope_quant_insert":
+        torch.ops.dsv4.kv_rope_quant_insert(d(kv), cache, d(slots), d(positions), cs, bs, int(fmt),
+                                            fmt.default_quant_max)
+        reference.kv_rope_quant_insert(kv, expected_cache, slots, positions, cos_sin_cache(), bs, fmt,
+                                       fmt.default_quant_max)
+    else:
+        torch.ops.dsv4.kv_norm_rope_quant_insert(d(kv), d(weight), cache, d(slots), d(positions), cs, EPS, bs, int(fmt),
+                                                 fmt.default_quant_max)
+        reference.kv_norm_rope_quant_insert(kv, weight, expected_cache, slots, positions, cos_sin_cache(), EPS, bs,
+                                            fmt, fmt.default_quant_max)
+
+    got = buffer.cpu()
+    assert bool((got[~inside] == OUTSIDE).all()), \
+        f"{int((got[~inside] != OUTSIDE).sum())} canary bytes outside k_cache changed"
+    assert bool((expected_buffer[~inside] == OUTSIDE).all())
+    assert_kv_parity(cache_of(got), expected_cache, capacity, bs, fmt)
+    assert_bytes_equal(got, expected_buffer)  # the records, the untouched random bytes and the canaries
+
+    def record(buf, slot):
+        block, pos = slot // bs, slot % bs
+        row = cache_of(buf)[block]
+        return torch.cat([row[pos * 576 : (pos + 1) * 576], row[bs * 576 + pos * 8 : bs * 576 + (pos + 1) * 8]])
+
+    for slot in slots[skipped_in_cache].tolist():
+        assert torch.equal(record(got, slot), record(initial, slot)), f"skipped slot {slot}'s record changed"
+    for slot in slots[written].tolist():
+        assert not torch.equal(record(got, slot), record(initial, slot)), f"slot {slot} was not written"
+    # the records that slots capacity and capacity + 5 would name lie in the trailing canary block
+    tail = got[blocks + 1, :block_bytes]
+    for slot in (capacity, capacity + 5):
+        pos = slot % bs
+        assert bool((tail[pos * 576 : (pos + 1) * 576] == OUTSIDE).all())
+        assert bool((tail[bs * 576 + pos * 8 : bs * 576 + (pos + 1) * 8] == OUTSIDE).all())
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_out_form_and_in_place(device):
     n, h, bs = 6, 8, 16
