@@ -347,13 +347,19 @@ def test_opcheck_and_compile(device):
     sink = torch.randn(4).to(device)
     args = (q, main_cache, *main, 64, extra_cache, *extra, 16, sink, SCALE, 0, 0, 2, None, None)
     torch.library.opcheck(torch.ops.dsv4.sparse_mla_decode.default, args, {"out": torch.empty_like(q)})
+    theta = torch.randn(128, 32, generator=torch.Generator().manual_seed(27))
+    cos_sin = torch.cat([theta.cos(), theta.sin()], dim=1).to(device)
+    positions = torch.tensor([60, 127], device=device)
+    rope_args = args[:-2] + (cos_sin, positions)  # the fused inverse-RoPE epilogue
+    torch.library.opcheck(torch.ops.dsv4.sparse_mla_decode.default, rope_args, {"out": torch.empty_like(q)})
 
-    def f(q):
+    def f(q, call_args):
         out = torch.empty_like(q)
-        torch.ops.dsv4.sparse_mla_decode(q * 1, *args[1:], out=out)
+        torch.ops.dsv4.sparse_mla_decode(q * 1, *call_args[1:], out=out)
         return out
 
-    assert torch.equal(torch.compile(f, fullgraph=True)(q), f(q))
+    for call_args in (args, rope_args):
+        assert torch.equal(torch.compile(f, fullgraph=True)(q, call_args), f(q, call_args))
 
 
 # ---- GPU kernel: heads as the MMA M dimension, splits, realistic row shapes, graph capture ----

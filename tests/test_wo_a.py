@@ -10,6 +10,7 @@ magnitude, far inside spec §6.4's worst-row relative error 3e-3 (kept as the as
 1e-2). FP8 vs BF16 end to end differs by the activation quantization: relative Frobenius error < 0.05 and
 cosine > 0.998 (spec §6.4; the emulation gives ~0.027 / 0.9996)."""
 
+import logging
 import math
 
 import pytest
@@ -413,6 +414,9 @@ def test_opcheck_and_compile():
                            "x_scale": torch.empty(3, 2, 32, dtype=torch.uint8)})
     # opcheck's schema test multiplies the inputs, which torch cannot do for float8 tensors; the op mutates
     # nothing (no (a!) in its schema) and the fake, autograd-registration and AOT-dispatch tests still run.
+    torch.library.opcheck(torch.ops.dsv4.bmm_a8w8_mxscale.out, (x, w, scale, w_scale),
+                          {"out": torch.empty(3, 2, 128, dtype=torch.bfloat16)},
+                          test_utils=("test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic"))
     for reduced_sums in (False, True):
         torch.library.opcheck(torch.ops.dsv4.bmm_a8w8_mxscale.default, (x, w, scale, w_scale, torch.float32),
                               {"reduced_precision_block_sums": reduced_sums},
@@ -525,6 +529,23 @@ def test_prepare_gates_refuse_with_a_reason(mutate, reason, caplog):
     w, s, cs = mutate(weight, scale, rope_table(16))
     plan = dsv4ops.prepare_wo_a(w, s, 2, 1024, cs, "cpu")
     assert plan.path == "bf16" and plan.reason.startswith(reason)
+
+
+def test_prepare_logs_each_gate_once(monkeypatch, caplog):
+    """Two layers refused by the same gate, their reasons quoting different scale entries: one warning."""
+    monkeypatch.setattr(wo_a, "_logged", set())
+    caplog.set_level(logging.WARNING, logger="dsv4ops")
+    weight, scale = checkpoint(2, seed=18)
+    reasons = set()
+    for row in (0, 3):
+        bad = scale.clone()
+        bad[row, 0] = 0.75
+        plan = dsv4ops.prepare_wo_a(weight, bad, 2, 1024, rope_table(16), "cpu")
+        assert plan.path == "bf16" and plan.reason.startswith("scale:")
+        reasons.add(plan.reason)
+    assert len(reasons) == 2  # the reasons differ ...
+    warnings = [r for r in caplog.records if "wo_a uses the BF16 path" in r.getMessage()]
+    assert len(warnings) == 1 and "scale:" in warnings[0].getMessage()  # ... one warning
 
 
 def test_prepare_rejects_zero_groups_and_uses_bf16_where_no_kernel(monkeypatch):

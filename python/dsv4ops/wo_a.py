@@ -186,8 +186,11 @@ def _dequantize_weight(weight: torch.Tensor, scale: Optional[torch.Tensor], fmt:
 
 
 def _refuse(plan_args: dict, reason: str) -> WoAPlan:
-    if reason not in _logged:
-        _logged.add(reason)
+    # Logged once per gate (the reason's text before its first colon): the layers of a model refused by
+    # one gate would otherwise log once each, their reasons differing only in the values they quote.
+    gate = "prepare: " + reason.split(":", 1)[0]
+    if gate not in _logged:
+        _logged.add(gate)
         logger.warning("dsv4ops: wo_a uses the BF16 path: %s", reason)
     return WoAPlan(path="bf16", reason=reason, weight_scale=None, **plan_args)
 
