@@ -180,52 +180,38 @@ def test_post_matches_reference(device, t, hidden, post_shape):
 @pytest.mark.parametrize("t,hidden", [(1, 4096), (17, 256), (33, 7168), (64, 4096), (65, 7168), (128, 4096),
                                       (129, 7168), (2100, 4096)])
 def test_fused_post_pre_is_post_then_pre(device, t, hidden):
-    residual = streams(t, hidden, seed=10)
-    x = torch.randn(t, hidden, generator=torch.Generator().manual_seed(11)).to(torch.bfloat16)
-    post, comb, _ = reference.mhc_pre(residual, *params(hidden, seed=12))
-    fn, scale, base = params(hidden, seed=13)
+    check_fused_post_pre(device, t, hidden, post_mult=2.0, seed=10)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("t,hidden", [(1, 4096), (17, 256), (65, 7168), (129, 7168)])
+def test_fused_post_pre_with_post_mult_one(device, t, hidden):
+    """post_mult 1.0 (the model's is 2.0): the post weights are the bare sigmoids; stronger mixing."""
+    check_fused_post_pre(device, t, hidden, post_mult=1.0, seed=36, strength=10.0)
+
+
+def check_fused_post_pre(device, t, hidden, post_mult, seed, strength=1.0):
+    """The fused op against the reference, and bit for bit against our post followed by our pre."""
+    residual = streams(t, hidden, seed=seed)
+    x = torch.randn(t, hidden, generator=torch.Generator().manual_seed(seed + 1)).to(torch.bfloat16)
+    post, comb, _ = reference.mhc_pre(residual, *params(hidden, seed=seed + 2))
+    fn, scale, base = params(hidden, seed=seed + 3, strength=strength)
     args = to(device, x, residual, post, comb, fn, scale, base)
-    fused = torch.ops.dsv4.mhc_fused_post_pre(*args, EPS, EPS, EPS, 2.0, 20, None, EPS)
-    want = reference.mhc_fused_post_pre(x, residual, post, comb, fn, scale, base)
+    fused = torch.ops.dsv4.mhc_fused_post_pre(*args, EPS, EPS, EPS, post_mult, 20, None, EPS)
+    want = reference.mhc_fused_post_pre(x, residual, post, comb, fn, scale, base, post_mult=post_mult)
     assert_bf16_close(fused[0], want[0], post_magnitude(x, residual, post, comb))
     torch.testing.assert_close(fused[1].cpu(), want[1], rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(fused[2].cpu(), want[2], rtol=0, atol=1e-5)
     # The pre half reads the bf16 new residual, which may differ from the reference's by a rounding in a
     # few values (checked just above): its collapse is compared with the reference pre of that same input.
     new_residual = fused[0].cpu()
-    want_post, want_comb, want_input = reference.mhc_pre(new_residual, fn, scale, base)
+    want_post, want_comb, want_input = reference.mhc_pre(new_residual, fn, scale, base, post_mult=post_mult)
     torch.testing.assert_close(fused[1].cpu(), want_post, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(fused[2].cpu(), want_comb, rtol=0, atol=1e-5)
     assert_bf16_close(fused[3], want_input, collapse_magnitude(new_residual))
     # The documented contract: the same bits as our post followed by our pre.
     ours = torch.ops.dsv4.mhc_post(*args[:4])
-    unfused = (ours,) + tuple(torch.ops.dsv4.mhc_pre(ours, *args[4:], EPS, EPS, EPS, 2.0, 20, None, EPS))
-    for got, want_bits in zip(fused, unfused):
-        assert_bits_equal(got.cpu(), want_bits.cpu())
-
-
-@pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("t,hidden", [(1, 4096), (17, 256), (65, 7168), (129, 7168)])
-def test_fused_post_pre_with_post_mult_one(device, t, hidden):
-    """post_mult 1.0 (the other fused tests use 2.0): the post weights are the bare sigmoids, and the rest is
-    unchanged: the same comparisons as test_fused_post_pre_is_post_then_pre."""
-    residual = streams(t, hidden, seed=36)
-    x = torch.randn(t, hidden, generator=torch.Generator().manual_seed(37)).to(torch.bfloat16)
-    post, comb, _ = reference.mhc_pre(residual, *params(hidden, seed=38))
-    fn, scale, base = params(hidden, seed=39, strength=10.0)
-    args = to(device, x, residual, post, comb, fn, scale, base)
-    fused = torch.ops.dsv4.mhc_fused_post_pre(*args, EPS, EPS, EPS, 1.0, 20, None, EPS)
-    want = reference.mhc_fused_post_pre(x, residual, post, comb, fn, scale, base, post_mult=1.0)
-    assert_bf16_close(fused[0], want[0], post_magnitude(x, residual, post, comb))
-    torch.testing.assert_close(fused[1].cpu(), want[1], rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(fused[2].cpu(), want[2], rtol=0, atol=1e-5)
-    new_residual = fused[0].cpu()
-    want_post, want_comb, want_input = reference.mhc_pre(new_residual, fn, scale, base, post_mult=1.0)
-    torch.testing.assert_close(fused[1].cpu(), want_post, rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(fused[2].cpu(), want_comb, rtol=0, atol=1e-5)
-    assert_bf16_close(fused[3], want_input, collapse_magnitude(new_residual))
-    ours = torch.ops.dsv4.mhc_post(*args[:4])
-    unfused = (ours,) + tuple(torch.ops.dsv4.mhc_pre(ours, *args[4:], EPS, EPS, EPS, 1.0, 20, None, EPS))
+    unfused = (ours,) + tuple(torch.ops.dsv4.mhc_pre(ours, *args[4:], EPS, EPS, EPS, post_mult, 20, None, EPS))
     for got, want_bits in zip(fused, unfused):
         assert_bits_equal(got.cpu(), want_bits.cpu())
 
