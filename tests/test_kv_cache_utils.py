@@ -182,11 +182,11 @@ def test_gather_invalid_inputs(args, match):
 def test_inputs_and_outputs_inside_the_cache_are_refused():
     pool = torch.zeros(2, 16 * 584 + 8192, dtype=torch.uint8)
     cache = pool[:, :16 * 584]
-    with pytest.raises(RuntimeError, match="k and slot_mapping must not overlap k_cache"):
+    with pytest.raises(RuntimeError, match="k must not overlap k_cache"):
         torch.ops.dsv4.quantize_and_insert_k_cache(pool[0, :2 * 1024].view(torch.bfloat16).view(2, 512), cache,
                                                    torch.arange(2), 16, 0, 448.0)
     out = pool[1, :2 * 1024].view(torch.bfloat16).view(1, 2, 512)
-    with pytest.raises(RuntimeError, match="out must not overlap k_cache"):
+    with pytest.raises(RuntimeError, match="k_cache must not overlap out"):
         torch.ops.dsv4.dequantize_and_gather_k_cache(out, cache, torch.ones(1, dtype=torch.int32), None,
                                                      torch.zeros(1, 1, dtype=torch.int32), 16, 0, 0)
 

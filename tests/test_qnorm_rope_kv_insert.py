@@ -397,9 +397,9 @@ def _args(**over):
         (dict(eps=float("nan")), "eps must be finite"),
         (dict(fp8_format=1, quant_max=300.0), r"quant_max must be in \(0, 240\]"),
         (dict(q_in=Q.transpose(0, 1)), "must have shape|must be contiguous"),
-        (dict(slot_mapping=C.view(-1)[:24].view(torch.int64)), "k_cache must not overlap slot_mapping"),
+        (dict(slot_mapping=C.view(-1)[:24].view(torch.int64)), "slot_mapping must not overlap k_cache"),
         (dict(cos_sin_cache=C.view(-1)[: 16 * 64 * 4].view(torch.float32).view(16, 64)),
-         "k_cache must not overlap cos_sin_cache"),
+         "cos_sin_cache must not overlap k_cache"),
     ],
 )
 def test_invalid_inputs(over, match):

@@ -329,9 +329,9 @@ def test_zero_tokens_and_invalid_inputs(device):
         (dict(out=torch.empty(1, 1, 512, dtype=torch.bfloat16, device=device).expand(2, 4, 512)),
          "out must not overlap itself"),
         (dict(cache=main_cache[:, :1000]), "cannot hold block_size=64 records|must be contiguous"),
-        (dict(out=q), "out must not overlap q"),
-        (dict(q=shared[:4096].view(2, 4, 512), out=shared[512:].view(2, 4, 512)), "out must not overlap q"),
-        (dict(out=main_cache.view(torch.bfloat16)[0, :4096].view(2, 4, 512)), "out must not overlap main_cache"),
+        (dict(out=q), "q must not overlap out"),
+        (dict(q=shared[:4096].view(2, 4, 512), out=shared[512:].view(2, 4, 512)), "q must not overlap out"),
+        (dict(out=main_cache.view(torch.bfloat16)[0, :4096].view(2, 4, 512)), "main_cache must not overlap out"),
     ]:
         with pytest.raises(RuntimeError, match=match):
             call(**kwargs)

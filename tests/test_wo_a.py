@@ -393,8 +393,8 @@ def _group_quant_scale_in_payload():
             x_fp8=torch.empty(2, 2, 2048, dtype=torch.float8_e4m3fn),
             x_scale=torch.zeros(1, 2, 16, dtype=torch.uint8).expand(2, 2, 16)),
          "x_scale must not overlap itself"),
-        (lambda: _bmm_out_over_x(), "out must not overlap x"),
-        (lambda: _group_quant_scale_in_payload(), "x_scale must not overlap x_fp8"),
+        (lambda: _bmm_out_over_x(), "x must not overlap out"),
+        (lambda: _group_quant_scale_in_payload(), "x_fp8 must not overlap x_scale"),
     ],
 )
 def test_invalid_inputs(call, match):

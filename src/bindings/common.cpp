@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <iterator>
 #include <sstream>
 #include <utility>
 #include <vector>
@@ -97,8 +98,18 @@ bool overlaps(const Tensor& a, const Tensor& b) {
   return a0 < b0 + span(b) && b0 < a0 + span(a);
 }
 
-void check_apart(const Tensor& out, const char* out_arg, const Tensor& other, const char* other_arg, const char* op) {
-  STD_TORCH_CHECK(!overlaps(out, other), op, ": ", out_arg, " must not overlap ", other_arg);
+void check_apart(const Tensor& a, const char* a_arg, const Tensor& b, const char* b_arg, const char* op) {
+  STD_TORCH_CHECK(!overlaps(a, b), op, ": ", a_arg, " must not overlap ", b_arg);
+}
+
+void check_writes_apart(std::initializer_list<NamedTensor> written, std::initializer_list<NamedTensor> read,
+                        const char* op) {
+  for (auto w = written.begin(); w != written.end(); ++w) {
+    for (auto other = std::next(w); other != written.end(); ++other) {
+      check_apart(w->tensor, w->name, other->tensor, other->name, op);
+    }
+    for (const NamedTensor& r : read) check_apart(r.tensor, r.name, w->tensor, w->name, op);
+  }
 }
 
 void check_same_device(const Tensor& a, const char* arg_a, const Tensor& b, const char* arg_b, const char* op) {

@@ -35,9 +35,17 @@ void check_contiguous(const Tensor& t, const char* op, const char* arg);
 void check_no_self_overlap(const Tensor& t, const char* op, const char* arg);
 // Whether the byte ranges the two tensors span (first to last element, whatever their strides) meet.
 bool overlaps(const Tensor& a, const Tensor& b);
-// Refuses an output that shares memory with an input (or another output): the kernels read inputs while
-// other threads write the output, so the result would depend on scheduling.
-void check_apart(const Tensor& out, const char* out_arg, const Tensor& other, const char* other_arg, const char* op);
+// Refuses two tensors whose byte ranges (first to last element, whatever their strides) meet, where the op
+// writes at least one of them: the kernels read inputs while other threads write outputs, so the result
+// would depend on scheduling.
+void check_apart(const Tensor& a, const char* a_arg, const Tensor& b, const char* b_arg, const char* op);
+struct NamedTensor {
+  const Tensor& tensor;
+  const char* name;
+};
+// check_apart for every pair of written tensors and every (read, written) pair.
+void check_writes_apart(std::initializer_list<NamedTensor> written, std::initializer_list<NamedTensor> read,
+                        const char* op);
 void check_same_device(const Tensor& a, const char* arg_a, const Tensor& b, const char* arg_b, const char* op);
 Fp8Format checked_fp8_format(int64_t value, const char* op);
 ScalarType fp8_dtype(Fp8Format format);

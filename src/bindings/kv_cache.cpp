@@ -45,8 +45,7 @@ void quantize_and_insert_k_cache(const Tensor& k, Tensor k_cache, const Tensor& 
                   " entries for ", k.size(0), " rows of k");
   check_same_device(k, "k", k_cache, "k_cache", kOp);
   check_same_device(k, "k", slot_mapping, "slot_mapping", kOp);
-  STD_TORCH_CHECK(!overlaps(k, k_cache) && !overlaps(slot_mapping, k_cache), kOp,
-                  ": k and slot_mapping must not overlap k_cache");
+  check_writes_apart({{k_cache, "k_cache"}}, {{k, "k"}, {slot_mapping, "slot_mapping"}}, kOp);
   args.k = static_cast<const uint16_t*>(k.data_ptr());
   args.k_row_stride = k.stride(0);
   args.slot_mapping = static_cast<const int64_t*>(slot_mapping.data_ptr());
@@ -88,9 +87,9 @@ void dequantize_and_gather_k_cache(Tensor out, const Tensor& k_cache, const Tens
   check_same_device(out, "out", seq_lens, "seq_lens", kOp);
   check_same_device(out, "out", block_table, "block_table", kOp);
   if (gather_lens.has_value()) check_same_device(out, "out", *gather_lens, "gather_lens", kOp);
-  STD_TORCH_CHECK(!overlaps(out, k_cache) && !overlaps(out, seq_lens) && !overlaps(out, block_table) &&
-                      !(gather_lens.has_value() && overlaps(out, *gather_lens)),
-                  kOp, ": out must not overlap k_cache, seq_lens, gather_lens or block_table");
+  check_writes_apart({{out, "out"}}, {{k_cache, "k_cache"}, {seq_lens, "seq_lens"}, {block_table, "block_table"}},
+                     kOp);
+  if (gather_lens.has_value()) check_apart(*gather_lens, "gather_lens", out, "out", kOp);
   KvGatherArgs args{};
   args.out = static_cast<uint16_t*>(out.data_ptr());
   args.out_request_stride = out.stride(0);
@@ -179,20 +178,11 @@ QnormRopeKvInsertArgs checked_kv_side(const Tensor& kv, const Tensor& slot_mappi
   return args;
 }
 
-// The index and RoPE inputs are read while the outputs are written: no output may share their memory.
-void check_apart_from_kv_inputs(const Tensor& written, const char* name, const Tensor& slot_mapping,
-                                const Tensor& position_ids, const Tensor& cos_sin_cache, const char* op) {
-  check_apart(written, name, slot_mapping, "slot_mapping", op);
-  check_apart(written, name, position_ids, "position_ids", op);
-  check_apart(written, name, cos_sin_cache, "cos_sin_cache", op);
-}
-
 void set_ds_mla_cache(QnormRopeKvInsertArgs& args, const Tensor& k_cache, const Tensor& kv, int64_t block_size,
                       const char* op) {
   args.kv_store = KvRowStore::kDsMlaRecord;
   args.cache = checked_cache(k_cache, block_size, op, "k_cache");
   check_same_device(kv, "kv", k_cache, "k_cache", op);
-  STD_TORCH_CHECK(!overlaps(kv, k_cache), op, ": kv must not overlap k_cache");
 }
 
 // The Q input: bf16 [tokens, heads >= 1, 512], contiguous. Checked before the KV side, so that a bad q
@@ -232,8 +222,10 @@ QnormRopeKvInsertArgs checked_qnorm_rope_kv_insert(const Tensor& q_in, const Ten
   QnormRopeKvInsertArgs args = checked_kv_side(kv, slot_mapping, position_ids, cos_sin_cache, q_in.size(0),
                                                fp8_format, quant_max, op);
   set_ds_mla_cache(args, k_cache, kv, cache_block_size, op);
-  STD_TORCH_CHECK(!overlaps(q_in, k_cache), op, ": q_in must not overlap k_cache");
-  check_apart_from_kv_inputs(k_cache, "k_cache", slot_mapping, position_ids, cos_sin_cache, op);
+  check_writes_apart({{k_cache, "k_cache"}},
+                     {{q_in, "q_in"}, {kv, "kv"}, {slot_mapping, "slot_mapping"}, {position_ids, "position_ids"},
+                      {cos_sin_cache, "cos_sin_cache"}},
+                     op);
   set_q_side(args, q_in, "q_in", kv, eps, apply_q_norm, op);
   STD_TORCH_CHECK(q_head_padded >= q_in.size(1), op, ": q_head_padded must be >= the ", q_in.size(1),
                   " heads of q_in, got ", q_head_padded);
@@ -279,8 +271,10 @@ void qnorm_rope_kv_insert_out(const Tensor& q_in, const Tensor& kv, Tensor k_cac
   const bool in_place = q_out.data_ptr() == q_in.data_ptr() && q_head_padded == q_in.size(1);
   STD_TORCH_CHECK(in_place || !overlaps(q_out, q_in), kOp,
                   ": q_out may alias q_in only exactly and only when q_head_padded equals the number of heads");
-  STD_TORCH_CHECK(!overlaps(q_out, kv) && !overlaps(q_out, k_cache), kOp, ": q_out must not overlap kv or k_cache");
-  check_apart_from_kv_inputs(q_out, "q_out", slot_mapping, position_ids, cos_sin_cache, kOp);
+  check_writes_apart({{q_out, "q_out"}},
+                     {{k_cache, "k_cache"}, {kv, "kv"}, {slot_mapping, "slot_mapping"},
+                      {position_ids, "position_ids"}, {cos_sin_cache, "cos_sin_cache"}},
+                     kOp);
   args.q_out = static_cast<uint16_t*>(q_out.data_ptr());
   run_qnorm_rope_kv_insert(args, q_in, kOp);
 }
@@ -298,10 +292,10 @@ void qnorm_rope_kv_insert_full_cache_bf16(Tensor q, const Tensor& kv, Tensor k_c
   args.kv_store = KvRowStore::kBf16Row;
   args.rows = checked_plain_cache(k_cache, cache_block_size, {ScalarType::BFloat16}, kOp);
   check_same_device(kv, "kv", k_cache, "k_cache", kOp);
-  STD_TORCH_CHECK(!overlaps(q, kv) && !overlaps(q, k_cache), kOp, ": q must not overlap kv or k_cache");
-  STD_TORCH_CHECK(!overlaps(kv, k_cache), kOp, ": kv must not overlap k_cache");
-  check_apart_from_kv_inputs(k_cache, "k_cache", slot_mapping, position_ids, cos_sin_cache, kOp);
-  check_apart_from_kv_inputs(q, "q", slot_mapping, position_ids, cos_sin_cache, kOp);
+  check_writes_apart({{q, "q"}, {k_cache, "k_cache"}},
+                     {{kv, "kv"}, {slot_mapping, "slot_mapping"}, {position_ids, "position_ids"},
+                      {cos_sin_cache, "cos_sin_cache"}},
+                     kOp);
   args.q_out = static_cast<uint16_t*>(q.data_ptr());  // in place: each Q row is read before it is written
   run_qnorm_rope_kv_insert(args, q, kOp);
 }
@@ -331,17 +325,14 @@ void qnorm_rope_kv_insert_full_cache_fp8(const Tensor& q, const Tensor& kv, Tens
   check_contiguous(q_fp8, kOp, "q_fp8");
   STD_TORCH_CHECK(aligned(q_fp8), kOp, ": q_fp8 must start 16-byte aligned");
   check_same_device(kv, "kv", q_fp8, "q_fp8", kOp);
-  STD_TORCH_CHECK(!overlaps(q_fp8, q) && !overlaps(q_fp8, kv) && !overlaps(q_fp8, k_cache) &&
-                      !overlaps(k_cache, q) && !overlaps(k_cache, kv),
-                  kOp, ": q_fp8 and k_cache must not overlap each other or the inputs");
-  check_apart_from_kv_inputs(k_cache, "k_cache", slot_mapping, position_ids, cos_sin_cache, kOp);
-  check_apart_from_kv_inputs(q_fp8, "q_fp8", slot_mapping, position_ids, cos_sin_cache, kOp);
   args.q_fp8 = static_cast<uint8_t*>(q_fp8.data_ptr());
   args.q_scale_inverse = checked_scalar(q_fp8_scale_inv, kv, kOp, "q_fp8_scale_inv");
   args.kv_scale = checked_scalar(fp8_scale, kv, kOp, "fp8_scale");
-  STD_TORCH_CHECK(!overlaps(fp8_scale, k_cache) && !overlaps(fp8_scale, q_fp8) && !overlaps(q_fp8_scale_inv, k_cache) &&
-                      !overlaps(q_fp8_scale_inv, q_fp8),
-                  kOp, ": fp8_scale and q_fp8_scale_inv must not overlap k_cache or q_fp8");
+  check_writes_apart({{q_fp8, "q_fp8"}, {k_cache, "k_cache"}},
+                     {{q, "q"}, {kv, "kv"}, {slot_mapping, "slot_mapping"}, {position_ids, "position_ids"},
+                      {cos_sin_cache, "cos_sin_cache"}, {fp8_scale, "fp8_scale"},
+                      {q_fp8_scale_inv, "q_fp8_scale_inv"}},
+                     kOp);
   run_qnorm_rope_kv_insert(args, q, kOp);
 }
 
@@ -353,7 +344,10 @@ QnormRopeKvInsertArgs checked_kv_only(const Tensor& kv, const Tensor& k_cache, c
   QnormRopeKvInsertArgs args =
       checked_kv_side(kv, slot_mapping, position_ids, cos_sin_cache, kv.size(0), fp8_format, quant_max, op);
   set_ds_mla_cache(args, k_cache, kv, cache_block_size, op);
-  check_apart_from_kv_inputs(k_cache, "k_cache", slot_mapping, position_ids, cos_sin_cache, op);
+  check_writes_apart({{k_cache, "k_cache"}},
+                     {{kv, "kv"}, {slot_mapping, "slot_mapping"}, {position_ids, "position_ids"},
+                      {cos_sin_cache, "cos_sin_cache"}},
+                     op);
   STD_TORCH_CHECK(slot_mapping.size(0) == kv.size(0), op, ": slot_mapping must have one entry per token (",
                   kv.size(0), "), got ", slot_mapping.size(0));
   return args;
@@ -378,7 +372,7 @@ void kv_norm_rope_quant_insert(const Tensor& kv, const Tensor& norm_weight, Tens
                                                cache_block_size, fp8_format, quant_max, kOp);
   check_bf16_rows(norm_weight, 1, kOp, "norm_weight", "[512]");
   check_same_device(kv, "kv", norm_weight, "norm_weight", kOp);
-  STD_TORCH_CHECK(!overlaps(norm_weight, k_cache), kOp, ": norm_weight must not overlap k_cache");
+  check_apart(norm_weight, "norm_weight", k_cache, "k_cache", kOp);
   STD_TORCH_CHECK(std::isfinite(eps) && eps >= 0, kOp, ": eps must be finite and >= 0, got ", eps);
   args.kv_norm_weight = static_cast<const uint16_t*>(norm_weight.data_ptr());
   args.eps = static_cast<float>(eps);

@@ -92,20 +92,18 @@ void sparse_mla_decode(const Tensor& q, const Tensor& main_cache, const Tensor& 
     args.rope = RopeTable{cos_sin->data_ptr(), dtype_of(*cos_sin) == ScalarType::BFloat16, cos_sin->size(0),
                           positions->data_ptr(), dtype_of(*positions) == ScalarType::Long};
   }
-  check_apart(out, "out", q, "q", kOp);
-  check_apart(out, "out", main_cache, "main_cache", kOp);
-  check_apart(out, "out", main_indices, "main_indices", kOp);
-  check_apart(out, "out", main_indptr, "main_indptr", kOp);
+  check_writes_apart({{out, "out"}},
+                     {{q, "q"}, {main_cache, "main_cache"}, {main_indices, "main_indices"},
+                      {main_indptr, "main_indptr"}},
+                     kOp);
   if (has_extra) {
-    check_apart(out, "out", *extra_cache, "extra_cache", kOp);
-    check_apart(out, "out", *extra_indices, "extra_indices", kOp);
-    check_apart(out, "out", *extra_indptr, "extra_indptr", kOp);
+    check_writes_apart({{out, "out"}},
+                       {{*extra_cache, "extra_cache"}, {*extra_indices, "extra_indices"},
+                        {*extra_indptr, "extra_indptr"}},
+                       kOp);
   }
-  if (attn_sink.has_value()) check_apart(out, "out", *attn_sink, "attn_sink", kOp);
-  if (cos_sin.has_value()) {
-    check_apart(out, "out", *cos_sin, "cos_sin", kOp);
-    check_apart(out, "out", *positions, "positions", kOp);
-  }
+  if (attn_sink.has_value()) check_apart(*attn_sink, "attn_sink", out, "out", kOp);
+  if (cos_sin.has_value()) check_writes_apart({{out, "out"}}, {{*cos_sin, "cos_sin"}, {*positions, "positions"}}, kOp);
   args.q = static_cast<const uint16_t*>(q.data_ptr());
   args.q_token_stride = q.stride(0);
   args.q_head_stride = q.stride(1);

@@ -108,13 +108,8 @@ void inverse_rope_group_quant_out(const Tensor& o, const Tensor& positions, cons
   check_same_device(o, "o", x_fp8, "x_fp8", kOp);
   check_no_self_overlap(x_scale, kOp, "x_scale");
   check_same_device(o, "o", x_scale, "x_scale", kOp);
-  check_apart(x_scale, "x_scale", x_fp8, "x_fp8", kOp);
-  for (const Tensor* out : {&x_fp8, &x_scale}) {
-    const char* name = out == &x_fp8 ? "x_fp8" : "x_scale";
-    check_apart(*out, name, o, "o", kOp);
-    check_apart(*out, name, positions, "positions", kOp);
-    check_apart(*out, name, cos_sin, "cos_sin", kOp);
-  }
+  check_writes_apart({{x_fp8, "x_fp8"}, {x_scale, "x_scale"}},
+                     {{o, "o"}, {positions, "positions"}, {cos_sin, "cos_sin"}}, kOp);
   args.x_fp8 = static_cast<uint8_t*>(x_fp8.data_ptr());
   args.x_scale = static_cast<uint8_t*>(x_scale.data_ptr());
   args.scale_token_stride = x_scale.stride(0);
@@ -221,10 +216,7 @@ void bmm_a8w8_mxscale_out(const Tensor& x, const Tensor& w, const Tensor& x_scal
                   "] with N contiguous (any M and G strides), got ", shape_string(out));
   check_no_self_overlap(out, kOp, "out");
   check_same_device(x, "x", out, "out", kOp);
-  check_apart(out, "out", x, "x", kOp);
-  check_apart(out, "out", w, "w", kOp);
-  check_apart(out, "out", x_scale, "x_scale", kOp);
-  check_apart(out, "out", w_scale, "w_scale", kOp);
+  check_writes_apart({{out, "out"}}, {{x, "x"}, {w, "w"}, {x_scale, "x_scale"}, {w_scale, "w_scale"}}, kOp);
   run_bmm(args, out, kOp);
 }
 
