@@ -649,13 +649,29 @@ def test_gpu_graph_capture_on_a_side_stream():
         paged = torch.ops.dsv4.fp8_paged_mqa_logits(paged_q, cache, paged_w, lens, table, 800, True, 0)
         return logits, top, paged
 
-    eager = step()
     graph, captured = capture_graph(step)
+    first = [out.clone() for out in captured]
+    # Fresh values in every input before the replay, the windows, context lengths and block table included
+    # (a decode graph is replayed on each step's lengths and tables).
+    g = torch.Generator().manual_seed(96)
+    q.copy_(fp8_tensor(tuple(q.shape), torch.float8_e4m3fn, seed=97).cuda())
+    k.copy_(fp8_tensor(tuple(k.shape), torch.float8_e4m3fn, seed=98).cuda())
+    k_scale.copy_(torch.pow(2.0, torch.randint(-2, 3, (n,), generator=g).float()).cuda())
+    weights.copy_(torch.randn(m, heads, generator=g).cuda())
+    ks.copy_(torch.randint(0, 300, (m,), generator=g, dtype=torch.int32).cuda())
+    ke.copy_(ks + torch.randint(0, 1800, (m,), generator=g, dtype=torch.int32).cuda())
+    paged_q.copy_(fp8_tensor(tuple(paged_q.shape), torch.float8_e4m3fn, seed=99).cuda())
+    cache.copy_(torch.roll(cache, 1, 0))
+    paged_w.copy_(torch.randn(tuple(paged_w.shape), generator=g).cuda())
+    lens.copy_(torch.randint(0, table.shape[1] * 64 + 1, tuple(lens.shape), generator=g, dtype=torch.int32).cuda())
+    table.copy_(torch.randint(0, cache.shape[0], tuple(table.shape), generator=g, dtype=torch.int32).cuda())
     for out in captured:
         out.zero_()
     graph.replay()
     torch.cuda.synchronize()
-    for a, b in zip(captured, eager):
+    eager = step()
+    for a, b, old in zip(captured, eager, first):
+        assert not torch.equal(b, old), "the fresh inputs must change every output"
         assert torch.equal(a, b)
 
 

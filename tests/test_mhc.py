@@ -548,6 +548,7 @@ def test_simulated_gfx942_picks_aiter_then_reference_and_logs(monkeypatch, caplo
     monkeypatch.setattr(mhc_module.dispatch.platform, "device_arch", lambda device: "gfx942")
     monkeypatch.setattr(mhc_module.importlib.util, "find_spec", lambda name: object())
     mhc_module._logged.clear()
+    mhc_module.dispatch.reset_fallbacks()  # the fallback's warning is logged once per reason
     adapter = _RecordingAdapter()
     residual = streams(2, 256, seed=24)
     fn, scale, base = params(256, seed=25)
@@ -560,9 +561,13 @@ def test_simulated_gfx942_picks_aiter_then_reference_and_logs(monkeypatch, caplo
         assert_bits_equal(got[2], reference.mhc_pre(residual, fn, scale, base)[2])
         assert "mhc_pre on gfx942 uses aiter (no kernel built for gfx942" in caplog.text
         mhc_module.register_backend("aiter", None)
+        caplog.clear()
         dsv4ops.mhc_pre(residual, fn, scale, base)
         assert adapter.calls == ["mhc_pre"], "TileLang must never serve gfx942"
-        assert "mhc_pre on gfx942 uses reference" in caplog.text
+        # one line (a warning) says why the kernel and then AITER passed
+        assert len(caplog.records) == 1 and caplog.records[0].levelno == logging.WARNING, caplog.text
+        assert "mhc_pre on gfx942 uses the PyTorch reference: no kernel built for gfx942" in caplog.text
+        assert "; aiter: not installed or no adapter registered" in caplog.text
     finally:
         mhc_module.register_backend("aiter", None)
         mhc_module.register_backend("tilelang", None)

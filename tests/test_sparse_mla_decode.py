@@ -611,7 +611,8 @@ def test_gpu_block_offsets_beyond_32_bits():
 @pytest.mark.gpu
 def test_gpu_graph_capture_on_a_side_stream():
     """Captured once on a side stream (automatic splits, workspace allocated inside the capture), replayed
-    after new q values are copied in: the replay computes the new answer."""
+    after new q values, index lists and row lengths (indptr) are copied in, as a decode graph is replayed on
+    each step's rows: the replay computes the new answer."""
     positions = [700, 701]
     main_cache, extra_cache, main, extra, q, sink = layer_case(4, 128, 16, positions, Fp8Format.OCP, seed=80,
                                                                device="cuda")
@@ -624,12 +625,22 @@ def test_gpu_graph_capture_on_a_side_stream():
                                          "ocp", "ocp", 0, out=out)
 
     graph, _ = capture_graph(call)
+    first = out.clone()
     fresh = torch.randn(q.shape, generator=torch.Generator().manual_seed(81)).to(torch.bfloat16)
     q_d.copy_(fresh.cuda())
+    # Other rows (a shorter first row, other compressed picks) in the captured index tensors; entries past
+    # the new indptr's end are -1 and must not be read.
+    fresh_main, fresh_extra = decode_rows([90, 650], 4, 128, seed=82)
+    for (indices_d, indptr_d), (indices, indptr) in ((main_d, fresh_main), (extra_d, fresh_extra)):
+        assert indices.numel() < indices_d.numel()
+        indices_d.fill_(-1)
+        indices_d[: indices.numel()] = indices.cuda()
+        indptr_d.copy_(indptr.cuda())
     graph.replay()
     torch.cuda.synchronize()
-    _, want = run(fresh, main, extra, (main_cache, extra_cache), (Fp8Format.OCP, Fp8Format.OCP), (64, 16), sink, 0,
-                  device="cuda")
+    _, want = run(fresh, fresh_main, fresh_extra, (main_cache, extra_cache), (Fp8Format.OCP, Fp8Format.OCP),
+                  (64, 16), sink, 0, device="cuda")
+    assert not torch.equal(out, first)
     assert_close_to_reference(out, want)
 
 

@@ -59,6 +59,21 @@ def test_group_quant_bytes_match_reference(fmt, qmax, heads, groups, s, apply_in
     assert_bytes_equal(got[1], want[1])
 
 
+@pytest.mark.parametrize("fmt,qmax", FORMAT_MAXES)
+@pytest.mark.parametrize("device", DEVICES)
+def test_group_quant_bytes_match_reference_at_prefill_length(fmt, qmax, device):
+    """S = 8192 (a prefill chunk, spec's shape list), positions across and past the RoPE table."""
+    s, heads, groups = 8192, 8, 2
+    o = attention_output(s, heads, seed=8192)
+    positions = torch.randint(-3, 5000, (s,), generator=torch.Generator().manual_seed(8192))
+    cos_sin = rope_table(4096)
+    got = torch.ops.dsv4.inverse_rope_group_quant(o.to(device), positions.to(device), cos_sin.to(device), groups, 128,
+                                                  int(fmt), qmax, True)
+    want = reference.inverse_rope_group_quant(o, positions, cos_sin, groups, 128, fmt, qmax, True)
+    assert_bytes_equal(got[0], want[0])
+    assert_bytes_equal(got[1], want[1])
+
+
 @pytest.mark.parametrize("group_size", [32, 64])
 @pytest.mark.parametrize("device", DEVICES)
 def test_group_quant_other_group_sizes_and_bf16_table(group_size, device):
@@ -822,7 +837,7 @@ def test_gpu_bmm_dsv4_shapes(groups, m, layout, reduced_sums):
 
 
 @gpu
-@pytest.mark.parametrize("m,groups", [(8192, 2), (2048, 8), (16384, 1)])
+@pytest.mark.parametrize("m,groups", [(8192, 2), (2048, 8), (16384, 1), (4096, 16), (16384, 8)])
 @pytest.mark.parametrize("reduced_sums", [False, True], ids=["fp32_sums", "reduced_sums"])
 def test_gpu_bmm_large_m(m, groups, reduced_sums):
     w, w_scale = _gpu_weight(groups)

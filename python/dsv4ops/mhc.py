@@ -137,9 +137,9 @@ def _choose(op: str, residual: torch.Tensor, tensors: Sequence[Optional[torch.Te
     choice = select_backend(arch, residual.shape[1] if residual.dim() == 3 else 0, hidden,
                             None if decision.uses_kernel else decision.reason,
                             lambda name: external_available(name, op))
-    if choice.backend == "reference":
-        dispatch.record(decision)  # counts the fallback and logs why the kernel could not serve it
-    if choice.backend != "dsv4ops":
+    if choice.backend == "reference":  # one warning: why the kernel, then each external backend, passed
+        dispatch.record_fallback(op, arch, decision.reason, passed_over="; ".join(choice.reasons[1:]))
+    elif choice.backend != "dsv4ops":
         key = (op, choice.backend, choice.reasons)
         if key not in _logged:
             _logged.add(key)

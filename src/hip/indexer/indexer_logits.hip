@@ -787,6 +787,13 @@ DSV4_DEVICE bool mbarrier_try_wait(uint32_t barrier, uint32_t parity) {
 __global__ void __launch_bounds__(kWgThreads, 2)
     paged_logits_tma_kernel(PagedMqaLogitsArgs args, const __grid_constant__ CUtensorMap key_map,
                             int64_t tiles_per_block) {
+#if defined(DSV4_WGMMA)
+  // The tensor map is a launch parameter, not data of the kernel before: its descriptor is fetched while that
+  // kernel finishes rather than by the first copy, which every block waits on.
+  if (threadIdx.x == 0) {
+    asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&key_map)) : "memory");
+  }
+#endif
   wait_for_previous_kernel();  // launched to overlap the kernel before it (launch_overlapping)
 #if defined(DSV4_WGMMA)
   extern __shared__ __align__(1024) uint8_t wg_shared[];
@@ -807,6 +814,22 @@ __global__ void __launch_bounds__(kWgThreads, 2)
   const int64_t tile_count = (key_limit + kWgKeys - 1) / kWgKeys;
   const int64_t first = static_cast<int64_t>(blockIdx.x) * tiles_per_block;
   const int64_t last = first + tiles_per_block < tile_count ? first + tiles_per_block : tile_count;
+  // Warp 0, lane l: the block-table entry of cache block l of tile first + i, -1 where that block lies past the
+  // keys or the table row; then the cache block it names, -1 for none. The entry does not depend on the rows'
+  // lengths, so the first tiles' entries are loaded together with the lengths (one memory round trip before
+  // the first copy, not two): they are checked only after the lengths' loads are issued.
+  const auto table_entry = [&](int64_t i) -> int32_t {
+    const int64_t column = (first + i) * boxes + lane;  // a tile is a whole number of cache blocks
+    // & rather than &&: no branches, so the load's consumers can wait until the lengths' loads are issued
+    const bool inside = (first + i < last) & (lane < boxes) & (column * block_size < key_limit) &
+                        (column < args.table_cols);
+    return inside ? block.keys.table[column] : -1;
+  };
+  const int32_t num_blocks = static_cast<int32_t>(args.num_blocks);  // < 2^31 (paged_logits_tma_shape)
+  const auto cache_block_of = [&](int32_t entry) -> int32_t { return entry < num_blocks ? entry : -1; };
+  int32_t first_entries[kTmaStages];
+#pragma unroll
+  for (int i = 0; i < kTmaStages; ++i) first_entries[i] = tid < 32 ? table_entry(i) : -1;
   int64_t hi_pair[kTmaMaxRows] = {0, 0};  // the rows' windows are [0, length), read once (not after every tile)
   int64_t longest = 0;
 #pragma unroll
@@ -822,14 +845,10 @@ __global__ void __launch_bounds__(kWgThreads, 2)
   // l of the tile: its table entry, its key box and its scales. The entry is looked up a tile ahead, so that the
   // load's latency hides behind a tile's multiply instead of stalling warp 0, and with it warp group 0, after
   // every tile.
-  const auto lookup_tile = [&](int64_t i) -> int64_t {
-    const int64_t key0 = (first + i) * kWgKeys + lane * block_size;
-    if (first + i >= visible_end || lane >= boxes || key0 >= key_limit) return -1;
-    const int64_t column = key0 / block_size;
-    const int64_t cache_block = column < args.table_cols ? block.keys.table[column] : -1;
-    return cache_block < args.num_blocks ? cache_block : -1;
+  const auto lookup_tile = [&](int64_t i) -> int32_t {
+    return first + i < visible_end ? cache_block_of(table_entry(i)) : -1;
   };
-  const auto issue_tile = [&](int64_t i, int64_t cache_block) {
+  const auto issue_tile = [&](int64_t i, int32_t cache_block) {
     if (first + i >= visible_end) return;
     const uint32_t stage = static_cast<uint32_t>(i % kTmaStages);
     const uint32_t barrier = base + kTmaBarrierOffset + stage * 8;
@@ -876,9 +895,11 @@ __global__ void __launch_bounds__(kWgThreads, 2)
     }
     copy_async_commit();
     if (tid < 32) {
-      int64_t cache_blocks[kTmaStages];
+      int32_t cache_blocks[kTmaStages];
 #pragma unroll
-      for (int i = 0; i < kTmaStages; ++i) cache_blocks[i] = lookup_tile(i);
+      for (int i = 0; i < kTmaStages; ++i) {
+        cache_blocks[i] = first + i < visible_end ? cache_block_of(first_entries[i]) : -1;
+      }
       if (tid == 0) {
         for (int s = 0; s < kTmaStages; ++s) {
           asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(base + kTmaBarrierOffset + s * 8));
@@ -904,7 +925,7 @@ __global__ void __launch_bounds__(kWgThreads, 2)
       for (int64_t t = 0; t < rows && block.clean() && key_inside; ++t) block.logits(t)[my_key] = minus_inf();
       continue;
     }
-    const int64_t next_cache_block = tid < 32 ? lookup_tile(i + kTmaStages) : -1;
+    const int32_t next_cache_block = tid < 32 ? lookup_tile(i + kTmaStages) : -1;
     const uint32_t stage = static_cast<uint32_t>(i % kTmaStages);
     const uint32_t parity = static_cast<uint32_t>((i / kTmaStages) & 1);
     while (!mbarrier_try_wait(base + kTmaBarrierOffset + stage * 8, parity)) {
