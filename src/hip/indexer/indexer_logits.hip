@@ -764,6 +764,9 @@ __global__ void __launch_bounds__(kWgThreads, 2) logits_wgmma_kernel(Args args) 
 // A missing block is not copied (its keys' logits are -inf; its rows in the stage hold stale bytes whose
 // scores are discarded). Tiles past every row's length are only filled with -inf. grid = (runs of tiles,
 // requests), two blocks per SM.
+// Measured on the H200 (so that the next change starts from it): deeper rings (3 stages of 256 keys, or 4-5 of
+// 128) and one row a block for next_n = 2 were all slower. With next_n = 2 a tile's multiply plus its
+// ReLU-weighted sums, not its copy, set the pace: dropping either one brings those rows to the next_n = 1 time.
 constexpr int kTmaStages = 2;
 constexpr int kTmaMaxRows = 2;  // next_n served (DSv4 decode: 1, or 2 with one MTP token)
 constexpr int kTmaMaxBoxes = kWgKeys / 8;  // cache blocks per tile at the smallest block size served
