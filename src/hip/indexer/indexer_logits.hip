@@ -519,14 +519,19 @@ DSV4_DEVICE void wgmma_row_scores(float (&acc0)[32], float (&acc1)[32], uint32_t
 
 // Adds w[h] ReLU(score) over this thread's heads of one 64-key tile's accumulator (the m64n64 layout: entry i
 // is key row lane / 4 + 8 * ((i / 2) % 2), head 8 * (i / 4) + 2 * (lane % 4) + i % 2) into the sums of its low
-// and high key; weights: the row's 64 fp32 head weights in shared memory.
+// and high key, one fused multiply-add a head (at next_n = 2 these sums and the multiply set the decode
+// kernel's pace); weights: the row's 64 fp32 head weights in shared memory. Kept in registers across the decode
+// kernel's tiles instead, the weights made ptxas (CUDA 13.0) drop one of the pair path's two MMA chains, the PTX
+// holding both: wrong logits.
 DSV4_DEVICE void add_weighted_relu(const float* acc, const float* weights, int lane, float& low, float& high) {
   const float2* w = reinterpret_cast<const float2*>(weights) + (lane % 4);
 #pragma unroll
   for (int j = 0; j < 8; ++j) {
     const float2 wj = w[4 * j];
-    low += wj.x * fmaxf(acc[4 * j], 0.0f) + wj.y * fmaxf(acc[4 * j + 1], 0.0f);
-    high += wj.x * fmaxf(acc[4 * j + 2], 0.0f) + wj.y * fmaxf(acc[4 * j + 3], 0.0f);
+    low = fmaf(wj.x, fmaxf(acc[4 * j], 0.0f), low);
+    low = fmaf(wj.y, fmaxf(acc[4 * j + 1], 0.0f), low);
+    high = fmaf(wj.x, fmaxf(acc[4 * j + 2], 0.0f), high);
+    high = fmaf(wj.y, fmaxf(acc[4 * j + 3], 0.0f), high);
   }
 }
 
