@@ -1036,15 +1036,17 @@ __global__ void DSV4_SPARSE_MLA_BOUNDS sparse_mla_partial_kernel(SparseMlaDecode
 // empty: its P V done), so that the decode of tile i + 1 runs while tile i is multiplied. The softmax, its
 // bf16 rounding of P, the sink and the epilogues follow the kernel above (the sums of l in another order).
 // Measured on the H200 (so that the next change starts from it), 64 heads, T = 128, 640 keys a row: the
-// producer sets the pace. In ncu's warp-state samples the consumers wait for a decoded tile ~40% of their time
-// (28% of all samples sit at that one barrier); the producer's samples spread over its ~1,000-instruction loop,
-// with 11% of all samples waiting for instruction fetch. Tried and dropped: a branch-free decode of each
-// producer thread's 7 pieces (one block whose chains interleave) was 3-6% slower (65.5 -> 69.5 us), and one
-// piece at a time (not unrolled: half the loop's code) 10-16% slower (73.9 us); two producer groups (512
-// threads) do not compile, since ptxas gives every thread the average of 128 registers whatever setmaxnreg
-// asks; P V(i - 1) issued after QK(i), to run beside the softmax of tile i, needs a second P tile (4 KB) the
-// block's shared memory lacks; QK(i + 1) issued before the softmax of tile i (scores in flight across the
-// loop's end) made ptxas serialize every wgmma of the kernel.
+// producer sets the pace. In ncu's warp-state samples the consumers wait at barriers ~60% of their time, most at
+// the one where a decoded tile arrives; a producer warp (~700 instructions a tile) issues on ~16% of its cycles,
+// held by instruction fetch (~28%) and fixed-latency dependencies (~22%), almost never by the consumers. One
+// producer warp a scheduler is the limit, so the next design should give part of the decode to the idle
+// consumers or shorten the producer's code. Tried and dropped: a branch-free decode of each producer thread's 7
+// pieces (one block whose chains interleave) was 3-6% slower (65.5 -> 69.5 us), and one piece at a time (not
+// unrolled: half the loop's code) 10-16% slower (73.9 us); two producer groups (512 threads) do not compile,
+// since ptxas gives every thread the average of 128 registers whatever setmaxnreg asks; P V(i - 1) issued after
+// QK(i), to run beside the softmax of tile i, needs a second P tile (4 KB) the block's shared memory lacks;
+// QK(i + 1) issued before the softmax of tile i (scores in flight across the loop's end) made ptxas serialize
+// every wgmma of the kernel.
 constexpr int kWgHeads = 64;
 constexpr int kWgGroupThreads = 128;
 constexpr int kWgConsumerThreads = 2 * kWgGroupThreads;
