@@ -548,7 +548,7 @@ def test_prepare_gates_refuse_with_a_reason(mutate, reason, caplog):
 
 def test_prepare_logs_each_gate_once(monkeypatch, caplog):
     """Two layers refused by the same gate, their reasons quoting different scale entries: one warning."""
-    monkeypatch.setattr(wo_a, "_logged", set())
+    dsv4ops.dispatch.reset_fallbacks()
     caplog.set_level(logging.WARNING, logger="dsv4ops")
     weight, scale = checkpoint(2, seed=18)
     reasons = set()

@@ -111,17 +111,23 @@ def decide(op: str, device, supported: Optional[Callable[[], Optional[str]]] = N
     return Decision(op, str(device), arch, KERNEL, None, tuple(trail))
 
 
+def log_once(key, level: int, message: str, *args) -> None:
+    """logger.log(level, message, *args) the first time `key` (any hashable, named by its module) is seen since
+    import or reset_fallbacks(): a model's layers repeat a call's reason many times."""
+    if key not in _logged:
+        _logged.add(key)
+        logger.log(level, message, *args)
+
+
 def record_fallback(op: str, arch: str, reason: str, served_by: str = REFERENCE, passed_over: str = "") -> None:
     """Counts a call the kernel did not serve and logs it once per (op, served_by, reason). Calls served by
     the reference count under (op, reason), by another fallback under (op, f"{served_by}: {reason}").
     passed_over: why other fallbacks before this one did not serve it, added to the logged line."""
     key = (op, reason if served_by == REFERENCE else f"{served_by}: {reason}")
     _fallbacks[key] += 1
-    if key not in _logged:
-        _logged.add(key)
-        what = "the PyTorch reference" if served_by == REFERENCE else f"the {served_by}"
-        logger.warning("dsv4ops: %s on %s uses %s: %s%s", op, arch, what, reason,
-                       f"; {passed_over}" if passed_over else "")
+    what = "the PyTorch reference" if served_by == REFERENCE else f"the {served_by}"
+    log_once(key, logging.WARNING, "dsv4ops: %s on %s uses %s: %s%s", op, arch, what, reason,
+             f"; {passed_over}" if passed_over else "")
 
 
 def record(decision: Decision) -> Decision:

@@ -25,7 +25,6 @@ import torch
 from . import dispatch, platform
 from .reference import mhc as reference
 
-logger = logging.getLogger("dsv4ops")
 
 HC_MULT = 4
 HIDDEN_MULTIPLE = 64  # what the kernels take (256-wide chunks of the 4 * hidden row, 8 dims per vector)
@@ -43,7 +42,6 @@ EXTERNAL_MODULES = {"aiter": "aiter", "tilelang": "tilelang"}
 OPS = ("mhc_pre", "mhc_post", "mhc_fused_post_pre", "hc_head")
 
 _adapters: Dict[str, object] = {}
-_logged: set = set()
 
 
 def arch_family(arch: str) -> str:
@@ -140,10 +138,8 @@ def _choose(op: str, residual: torch.Tensor, tensors: Sequence[Optional[torch.Te
     if choice.backend == "reference":  # one warning: why the kernel, then each external backend, passed
         dispatch.record_fallback(op, arch, decision.reason, passed_over="; ".join(choice.reasons[1:]))
     elif choice.backend != "dsv4ops":
-        key = (op, choice.backend, choice.reasons)
-        if key not in _logged:
-            _logged.add(key)
-            logger.info("dsv4ops: %s on %s uses %s (%s)", op, arch, choice.backend, "; ".join(choice.reasons))
+        dispatch.log_once(("mhc", op, choice.backend, choice.reasons), logging.INFO, "dsv4ops: %s on %s uses %s (%s)",
+                          op, arch, choice.backend, "; ".join(choice.reasons))
     return choice.backend
 
 

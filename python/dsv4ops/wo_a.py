@@ -25,20 +25,11 @@ from .fp8 import e4m3fn_to_fnuz, float_to_ue8m0_lossless
 from .platform import Fp8Format, format_and_quant_max
 from .reference import wo_a as reference
 
-logger = logging.getLogger("dsv4ops")
 
 HEAD_DIM = 512
 ROPE_DIM = 64
 SCALE_BLOCK = 128
 GROUP_SIZE = 128
-_logged: set = set()
-
-
-def _warn_once(key: str, message: str, *args) -> None:
-    """logger.warning(message, *args) the first time `key` is seen."""
-    if key not in _logged:
-        _logged.add(key)
-        logger.warning(message, *args)
 
 # Which implementation serves an FP8 plan's projection for T tokens and G groups, per device type, as data:
 # {device type: {G: rows}}, rows (largest T served, path) in increasing T, the last one unbounded (None).
@@ -195,7 +186,8 @@ def _dequantize_weight(weight: torch.Tensor, scale: Optional[torch.Tensor], fmt:
 def _refuse(plan_args: dict, reason: str) -> WoAPlan:
     # Logged once per gate (the reason's text before its first colon): the layers of a model refused by
     # one gate would otherwise log once each, their reasons differing only in the values they quote.
-    _warn_once("prepare: " + reason.split(":", 1)[0], "dsv4ops: wo_a uses the BF16 path: %s", reason)
+    dispatch.log_once(("wo_a", "prepare", reason.split(":", 1)[0]), logging.WARNING,
+                      "dsv4ops: wo_a uses the BF16 path: %s", reason)
     return WoAPlan(path="bf16", reason=reason, weight_scale=None, **plan_args)
 
 
@@ -261,8 +253,9 @@ def wo_a_forward(o: torch.Tensor, positions: torch.Tensor, plan: WoAPlan, apply_
     g = plan.n_groups
     path = gemm_path(t, g, o.device.type) if plan.path == "fp8" else "bf16"
     if path != "bf16" and o.dtype != torch.bfloat16:  # the plan's FP8 path serves bf16 activations only
-        _warn_once(f"forward: {o.dtype}", "dsv4ops: wo_a uses the BF16 path for this call: o has dtype %s; the "
-                   "FP8 path takes bf16", o.dtype)
+        dispatch.log_once(("wo_a", "forward", o.dtype), logging.WARNING,
+                          "dsv4ops: wo_a uses the BF16 path for this call: o has dtype %s; the FP8 path takes bf16",
+                          o.dtype)
         path = "bf16"
     if path == "vendor_fp8" and (o.device.type != "cuda" or t < 2 or plan.fp8_format is not Fp8Format.OCP):
         path = "fp8_kernel"
@@ -276,7 +269,8 @@ def wo_a_forward(o: torch.Tensor, positions: torch.Tensor, plan: WoAPlan, apply_
                 z = _vendor_block_scaled_bmm(x_fp8, w, x_scale, plan.weight_scale, o.dtype)
             except RuntimeError as error:  # a shape the vendor library refuses (e.g. cuBLAS at M = 1)
                 reason = f"vendor block-scaled GEMM refused T={t}: {str(error).splitlines()[0][:160]}"
-                _warn_once(reason, "dsv4ops: wo_a falls back to the dsv4ops FP8 GEMM: %s", reason)
+                dispatch.log_once(("wo_a", "vendor", reason), logging.WARNING,
+                                  "dsv4ops: wo_a falls back to the dsv4ops FP8 GEMM: %s", reason)
         if z is None:
             # The block sums in the matrix unit's precision, like the vendor GEMM's (see bmm_a8w8_mxscale).
             z = bmm_a8w8_mxscale(x_fp8, w, x_scale, plan.weight_scale, o.dtype, reduced_precision_block_sums=True)
