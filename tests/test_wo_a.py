@@ -278,6 +278,32 @@ def test_gpu_bmm_every_code_through_the_exact_wgmma_tiles(m, groups):
     check_every_code(torch.float8_e4m3fn, torch.float8_e4m3fn, m, groups, False, "cuda")
 
 
+@gpu
+@pytest.mark.parametrize("spread", [0, 15, 16, 60])
+@pytest.mark.parametrize("m,groups", [(64, 8), (64, 16), (129, 8)])
+def test_gpu_exact_wgmma_scales_in_f16_or_folded(spread, m, groups):
+    """The f16 wgmma kernel's two forms for fp32 sums: where every row's block scales 2^(xs + ws - 254) lie
+    within 2^15 of the row's largest (spread <= 15) it multiplies A by them in f16, down to f16's smallest
+    subnormal for the smallest e4m3 code at the far end, and sums all of K in fp32; with a wider spread in a
+    block it folds each K block in fp32. Every finite code, each row's scales spanning exactly `spread`,
+    against fp64: within 2^-14 of the sum of the absolute scaled products, as check_every_code."""
+    n, k = 1024, 512
+    x = _random_codes((m, groups, k), torch.float8_e4m3fn, seed=spread + m)
+    w = _random_codes((groups, n, k), torch.float8_e4m3fn, seed=spread + m + 1)
+    g = torch.Generator().manual_seed(spread + m + 2)
+    x_scale = torch.randint(120, 120 + max(spread, 1), (m, groups, k // 128), generator=g).to(torch.uint8)
+    w_scale = torch.full((groups, n // 128, k // 128), 124, dtype=torch.uint8)
+    x_scale[:, :, 0] = 120  # every row's smallest xs + ws: 244
+    if spread > 0:
+        x_scale[:, :, 3] = 120 + spread - 1  # and its largest: 244 + spread
+        w_scale[:, :, 3] = 125
+    want = reference.bmm_a8w8_mxscale(x, w, x_scale, w_scale, torch.float64)
+    absolute = reference.bmm_a8w8_mxscale(_magnitudes(x), _magnitudes(w), x_scale, w_scale, torch.float64)
+    got = torch.ops.dsv4.bmm_a8w8_mxscale(x.cuda(), w.cuda(), x_scale.cuda(), w_scale.cuda(), torch.float32).cpu()
+    assert bool(torch.isfinite(got).all())
+    assert bool(((got.double() - want).abs() <= absolute * 2.0**-14).all())
+
+
 def check_every_code(x_dtype, w_dtype, m, groups, misaligned, device):
     n, k = 1024, 512
     x = _random_codes((m, groups, k), x_dtype, seed=m)

@@ -38,11 +38,14 @@
 //     block's largest product, keeping about 14 bits (an entry whose block sums cancel heavily can be off
 //     by ~2^-13 of its largest product); every block is still folded into an fp32 sum with its scales.
 //     The other kernels accumulate in fp32 throughout (mma.sync.e4m3 runs as f16 MMAs on sm_90).
-//   * sm_90a, fp32 block sums (the default), from 33 rows where its tiles fill the GPU (below): the exact form
-//     of bmm_wgmma_kernel, the same ring whose FP8 blocks all threads convert to f16 (exact) in shared memory
-//     for f16 wgmma, which sums in fp32 as the mma.sync path does. Its shared-memory traffic (the f16 operands,
-//     twice the FP8 bytes, plus the conversion's) bounds it at about 290 TFLOP/s on the H200.
+//   * sm_90a, fp32 sums (the default), from 33 rows where its tiles fill the GPU (below): bmm_wgmma_f16_kernel,
+//     f16 wgmma (every e4m3 value is exact in f16; the unit sums in fp32 as the mma.sync path does) with A
+//     converted in registers and B through an f16 copy in shared memory; where the rows' block scales allow
+//     it exactly, A carries them and the whole K sums in one fp32 accumulator. About 380 TFLOP/s on the H200
+//     at its 256 x 128 tiles, bound by its per-block instruction stream (one block of 8 warps per SM).
 // Rows past M load zeros and are not stored. 64-bit offsets throughout.
+#include <type_traits>
+
 #include "dsv4/async_copy.h"
 #include "dsv4/bf16.h"
 #include "dsv4/fp8x2.h"
@@ -918,31 +921,15 @@ struct WgmmaShape {
   static constexpr int kStageBytes = (kBlockM + kBlockN) * kBlockK;
   static constexpr int kChunks = kStageBytes / 16 / kThreads;  // 16-byte copies per thread and stage
   static constexpr int kAcc = kBlockN / 2;                      // fp32 accumulators per thread
-  // The exact form's f16 copy of one stage: A's then B's rows, each K block as two 64-wide atoms of 128-byte
-  // rows in the same swizzle (atom 0 of A, atom 1 of A, atom 0 of B, atom 1 of B).
-  static constexpr int kHalfStageBytes = 2 * kStageBytes;
   static_assert(kChunks * 16 * kThreads == kStageBytes, "staging");
 };
 
-// kExact: the block sums in fp32 (the default numerics) through f16 wgmma: each K block's FP8 bytes, once
-// landed, are converted by all threads into one of two f16 copies (every e4m3 value is exact in f16, and the
-// f16 form accumulates its products in fp32), which the unit reads while the next block is converted.
-template <int kWarpGroups, int kBlockN, int kStages, bool kExact>
+template <int kWarpGroups, int kBlockN, int kStages>
 constexpr size_t wgmma_shared_bytes() {
-  using Shape = WgmmaShape<kWarpGroups, kBlockN>;
-  return static_cast<size_t>(kStages) * Shape::kStageBytes + (kExact ? 2 * Shape::kHalfStageBytes : 0) +
-         1024;  // + alignment
+  return static_cast<size_t>(kStages) * WgmmaShape<kWarpGroups, kBlockN>::kStageBytes + 1024;  // + alignment
 }
 
-// The 16 FP8 (OCP) codes of `codes` as 16 f16 values, in order.
-DSV4_DEVICE void ocp_fp8x16_to_f16(const uint4& codes, uint4& low, uint4& high) {
-  ocp_fp8x4_to_f16x4(codes.x, low.x, low.y);
-  ocp_fp8x4_to_f16x4(codes.y, low.z, low.w);
-  ocp_fp8x4_to_f16x4(codes.z, high.x, high.y);
-  ocp_fp8x4_to_f16x4(codes.w, high.z, high.w);
-}
-
-template <int kWarpGroups, int kBlockN, int kStages, bool kExact>
+template <int kWarpGroups, int kBlockN, int kStages>
 __global__ void __launch_bounds__(128 * kWarpGroups) bmm_wgmma_kernel(BmmA8W8MxScaleArgs args) {
   wait_for_previous_kernel();  // launched to overlap the kernel before it (launch_overlapping)
 #if defined(DSV4_WGMMA)
@@ -1065,48 +1052,8 @@ __global__ void __launch_bounds__(128 * kWarpGroups) bmm_wgmma_kernel(BmmA8W8MxS
   for (int i = 0; i < kAcc; ++i) acc[i] = 0.0f;
   uint32_t pending_xs_lo = 127u, pending_xs_hi = 127u, pending_ws = 127u;  // scales of the product in flight
 
-  // K blocks in flight: one buffer fewer for the FP8 form, whose buffer waits for the product before it (the
-  // exact form is done with a buffer once it has converted it).
-  constexpr int kAhead = kExact ? kStages - 1 : kStages - 2;
-  const uint32_t half_base = shared_base + kStages * Shape::kStageBytes;
-  // Converts K block kb's landed FP8 stage into f16 copy kb % 2: 16-byte chunk c = tid + j * threads of the
-  // stage (row c / 8 of A then of B, stored at chunk c % 8, holding logical chunk (c % 8) ^ (row % 8)) becomes
-  // two 16-byte chunks of its row in atom (logical chunk) / 4, at their swizzled places. A thread's rows are
-  // equal mod 8 (threads / 8 is a multiple of 8), so its chunk and swizzle are the same for every j and only
-  // the row moves: its offsets are worked out once here, and each chunk adds a constant.
-  const int convert_row = tid / 8;
-  const int convert_logical = (tid % 8) ^ (convert_row % 8);
-  const int convert_low_chunk = (2 * (convert_logical % 4)) ^ (convert_row % 8);
-  const uint32_t convert_low = static_cast<uint32_t>(convert_low_chunk * 16);
-  const uint32_t convert_high = static_cast<uint32_t>((convert_low_chunk ^ 1) * 16);
-  const uint32_t convert_a_row =
-      static_cast<uint32_t>((convert_logical / 4) * Shape::kBlockM * 128 + convert_row * 128);
-  const uint32_t convert_b_row =
-      static_cast<uint32_t>(2 * Shape::kBlockM * 128 + (convert_logical / 4) * kBlockN * 128 + convert_row * 128);
-  const auto convert_stage = [&](int64_t kb) {
-    const uint32_t stage =
-        shared_base + static_cast<uint32_t>(kb % kStages) * Shape::kStageBytes + static_cast<uint32_t>(tid * 16);
-    const uint32_t half = half_base + static_cast<uint32_t>(kb % 2) * Shape::kHalfStageBytes;
-#pragma unroll
-    for (int j = 0; j < Shape::kChunks; ++j) {
-      const bool is_b = j >= kACopies;  // copies j < kACopies hold A rows (as in issue_stage)
-      const uint32_t row_at =
-          half + (is_b ? convert_b_row + static_cast<uint32_t>((j * kRowsPerCopy - Shape::kBlockM) * 128)
-                       : convert_a_row + static_cast<uint32_t>(j * kRowsPerCopy * 128));
-      uint4 codes;
-      asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
-                   : "=r"(codes.x), "=r"(codes.y), "=r"(codes.z), "=r"(codes.w)
-                   : "r"(stage + static_cast<uint32_t>(j * Shape::kThreads * 16)));
-      uint4 low, high;
-      ocp_fp8x16_to_f16(codes, low, high);
-      asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(row_at + convert_low), "r"(low.x), "r"(low.y),
-                   "r"(low.z), "r"(low.w)
-                   : "memory");
-      asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(row_at + convert_high), "r"(high.x),
-                   "r"(high.y), "r"(high.z), "r"(high.w)
-                   : "memory");
-    }
-  };
+  // K blocks in flight: one buffer fewer than the ring, the buffer of a block waiting for the product before it.
+  constexpr int kAhead = kStages - 2;
 #pragma unroll
   for (int s = 0; s < kAhead; ++s) {
     if (s < k_blocks) {
@@ -1129,41 +1076,19 @@ __global__ void __launch_bounds__(128 * kWarpGroups) bmm_wgmma_kernel(BmmA8W8MxS
     uint32_t xs_lo, xs_hi, ws;
     load_scales(kb, xs_lo, xs_hi, ws);
 
-    if constexpr (kExact) {
-      convert_stage(kb);
-      fence_shared_writes_for_wgmma();
-      __syncthreads();  // the f16 copy complete before any warp group multiplies it
-      const uint32_t half = half_base + static_cast<uint32_t>(kb % 2) * Shape::kHalfStageBytes;
-      pin_registers(product);
-      wgmma_fence();
+    const uint32_t stage = shared_base + static_cast<uint32_t>(kb % kStages) * Shape::kStageBytes;
+    const uint64_t a_tile = swizzled_tile_descriptor(stage + warp_group * 64 * kBlockK);
+    const uint64_t b_tile = swizzled_tile_descriptor(stage + Shape::kBlockM * kBlockK);
+    pin_registers(product);
+    wgmma_fence();
 #pragma unroll
-      for (int s = 0; s < kBlockK / 16; ++s) {  // k16 steps: 32 bytes along a 128-byte atom row, 4 an atom
-        const uint32_t a_atom = half + static_cast<uint32_t>((s / 4) * Shape::kBlockM * 128 + warp_group * 64 * 128);
-        const uint32_t b_atom =
-            half + static_cast<uint32_t>(2 * Shape::kBlockM * 128 + (s / 4) * kBlockN * 128);
-        const uint64_t a_desc = swizzled_tile_descriptor(a_atom + 32 * (s % 4));
-        const uint64_t b_desc = swizzled_tile_descriptor(b_atom + 32 * (s % 4));
-        if constexpr (kBlockN == 128) {
-          wgmma_m64n128k16_f16(product, a_desc, b_desc, s > 0 ? 1u : 0u);
-        } else {
-          wgmma_m64n64k16_f16(product, a_desc, b_desc, s > 0 ? 1u : 0u);
-        }
-      }
-    } else {
-      const uint32_t stage = shared_base + static_cast<uint32_t>(kb % kStages) * Shape::kStageBytes;
-      const uint64_t a_tile = swizzled_tile_descriptor(stage + warp_group * 64 * kBlockK);
-      const uint64_t b_tile = swizzled_tile_descriptor(stage + Shape::kBlockM * kBlockK);
-      pin_registers(product);
-      wgmma_fence();
-#pragma unroll
-      for (int s = 0; s < kBlockK / 32; ++s) {
-        const uint64_t a_desc = descriptor_advanced(a_tile, 32 * s);
-        const uint64_t b_desc = descriptor_advanced(b_tile, 32 * s);
-        if constexpr (kBlockN == 128) {
-          wgmma_m64n128k32(product, a_desc, b_desc, s > 0 ? 1u : 0u);
-        } else {
-          wgmma_m64n64k32(product, a_desc, b_desc, s > 0 ? 1u : 0u);
-        }
+    for (int s = 0; s < kBlockK / 32; ++s) {
+      const uint64_t a_desc = descriptor_advanced(a_tile, 32 * s);
+      const uint64_t b_desc = descriptor_advanced(b_tile, 32 * s);
+      if constexpr (kBlockN == 128) {
+        wgmma_m64n128k32(product, a_desc, b_desc, s > 0 ? 1u : 0u);
+      } else {
+        wgmma_m64n64k32(product, a_desc, b_desc, s > 0 ? 1u : 0u);
       }
     }
     wgmma_commit();
@@ -1220,18 +1145,448 @@ __global__ void __launch_bounds__(128 * kWarpGroups) bmm_wgmma_kernel(BmmA8W8MxS
 #endif
 }
 
-template <int kWarpGroups, int kBlockN, int kStages, bool kExact>
-LaunchStatus launch_wgmma(const BmmA8W8MxScaleArgs& args, hipStream_t stream) {
-  using Shape = WgmmaShape<kWarpGroups, kBlockN>;
-  constexpr size_t shared_bytes = wgmma_shared_bytes<kWarpGroups, kBlockN, kStages, kExact>();
+// ---- The exact form on f16 wgmma, A from registers ----
+// bmm_wgmma_f16_kernel: the fp32 sums (the default numerics) on f16 wgmma, which sums its products in fp32 (every
+// e4m3 value is exact in f16). The FP8 K blocks land through a cp.async ring as in bmm_wgmma_kernel. A warp reads
+// its 16 rows of A straight from the landed FP8 stage into registers (ldmatrix, byte pairs read as b16) and
+// converts them there; only B goes through shared memory in f16, converted once per block by all threads into
+// one of two copies. The k order within each 16-wide step is permuted the same way for A and B (a dot product
+// does not depend on the order of its terms): step s takes the FP8 bytes 16 s .. 16 s + 15 of a row, and the
+// lane holding bytes 4t .. 4t+3 of a row feeds k slots {2t, 2t+1} (bytes 4t, 4t+1) and {2t+8, 2t+9} (bytes
+// 4t+2, 4t+3); B's copy places its converted pairs at the same slots. A warp group owns kSubTiles 64-row slices
+// of the block's rows.
+//
+// Scales: where every row of the block has its block scales 2^(xs + ws - 254) within 2^15 of its largest (and no
+// E8M0 NaN byte), each K block of A is multiplied in f16 by its scale relative to that largest, 2^-d with
+// d <= 15, which is exact (an e4m3 value's lowest bit, >= 2^-9, stays >= 2^-24, f16's smallest subnormal), and
+// the unit sums all of K in one fp32 accumulator per entry: no per-block fold, K blocks back to back. Any other
+// block multiplies each K block into a fresh fragment and folds it in fp32 with its scales, as bmm_wgmma_kernel
+// does, one 64-row slice at a time.
+template <int kWarpGroups, int kSubTiles, int kBlockN>
+struct F16Shape {
+  static constexpr int kBlockM = 64 * kWarpGroups * kSubTiles;
+  static constexpr int kThreads = 128 * kWarpGroups;
+  static constexpr int kStageBytes = (kBlockM + kBlockN) * kBlockK;
+  static constexpr int kChunks = kStageBytes / 16 / kThreads;  // 16-byte copies per thread and stage
+  static constexpr int kAcc = kBlockN / 2;                      // fp32 accumulators per thread and slice
+  static constexpr uint32_t kCopyBytes = static_cast<uint32_t>(kBlockN) * kBlockK * 2;  // B's f16 copy
+  static_assert(kChunks * 16 * kThreads == kStageBytes, "staging");
+};
+
+template <int kWarpGroups, int kSubTiles, int kBlockN, int kStages>
+constexpr size_t wgmma_f16_shared_bytes() {
+  using Shape = F16Shape<kWarpGroups, kSubTiles, kBlockN>;
+  return static_cast<size_t>(kStages) * Shape::kStageBytes + 2 * Shape::kCopyBytes + 1024;  // + alignment
+}
+
+// ldmatrix .x4 from a shared-window address: lane l gives the address of row l % 8 of 8x8 matrix l / 8; each
+// lane receives, per matrix, the 4 bytes at 4 (lane % 4) of row lane / 4.
+DSV4_DEVICE void ldmatrix_x4_shared(uint32_t (&r)[4], uint32_t address) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(address));
+}
+
+// 2^-d in both halves of an f16 pair, d in [0, 15] (2^-15 is subnormal).
+DSV4_DEVICE uint32_t f16x2_inverse_power_of_two(int d) {
+  const uint32_t half = d <= 14 ? static_cast<uint32_t>(15 - d) << 10 : 0x0200u;
+  return half | (half << 16);
+}
+
+DSV4_DEVICE uint32_t f16x2_multiply(uint32_t a, uint32_t b) {
+  uint32_t product;
+  asm("mul.rn.f16x2 %0, %1, %2;\n" : "=r"(product) : "r"(a), "r"(b));
+  return product;
+}
+
+template <int kWarpGroups, int kSubTiles, int kBlockN, int kStages>
+__global__ void __launch_bounds__(128 * kWarpGroups) bmm_wgmma_f16_kernel(BmmA8W8MxScaleArgs args) {
+  wait_for_previous_kernel();  // launched to overlap the kernel before it (launch_overlapping)
+#if defined(DSV4_WGMMA)
+  using Shape = F16Shape<kWarpGroups, kSubTiles, kBlockN>;
+  constexpr int kAcc = Shape::kAcc;
+  constexpr int kAhead = kStages - 1;  // K blocks in flight
+  static_assert(kAhead >= 2, "the wait for the next block leaves one group pending");
+  constexpr int kSteps = kBlockK / 16;
+  extern __shared__ __align__(1024) uint8_t wgmma_shared[];
+  const uint32_t shared_base = swizzle_atom_aligned(shared_window_address(wgmma_shared));
+  const uint32_t copy_base = shared_base + kStages * Shape::kStageBytes;
+  const int tid = static_cast<int>(threadIdx.x);
+  const int lane = tid % 32;
+  const int warp_group = tid / 128;
+  const int warp_in_group = (tid / 32) % 4;
+  const int64_t group = blockIdx.z;
+  const int64_t m0 = static_cast<int64_t>(blockIdx.y) * Shape::kBlockM;
+  const int64_t n0 = static_cast<int64_t>(blockIdx.x) * kBlockN;
+  const int64_t k_blocks = args.k / kBlockK;
+  const int shift = encoding_shift(args);
+
+  // Staging: copy j of a stage is chunk c = tid + j * threads, row c / 8 of A (copies j < kACopies) or of B,
+  // 16-byte column c % 8, stored at column (c % 8) ^ (row % 8) (a thread's rows are equal mod 8).
+  constexpr int kRowsPerCopy = Shape::kThreads / 8;
+  constexpr int kACopies = Shape::kBlockM / kRowsPerCopy;
+  const uint32_t copy_offset = static_cast<uint32_t>(tid * 16) ^ static_cast<uint32_t>(((tid / 8) % 8) * 16);
+  const int64_t first_a_row = m0 + tid / 8;
+  const uint8_t* a_source = args.x + first_a_row * args.x_stride_m + group * args.x_stride_g + (tid % 8) * 16;
+  const uint8_t* b_source = args.w + group * args.w_stride_g + (n0 + tid / 8) * args.w_stride_n + (tid % 8) * 16;
+  const int64_t a_copy_step = kRowsPerCopy * args.x_stride_m;
+  const int64_t b_copy_step = kRowsPerCopy * args.w_stride_n;
+  const int64_t rows_left = args.m - first_a_row;
+  const int a_copies_inside =
+      rows_left <= 0 ? 0
+                     : static_cast<int>(rows_left >= kACopies * kRowsPerCopy
+                                            ? kACopies
+                                            : (rows_left + kRowsPerCopy - 1) / kRowsPerCopy);
+  const auto issue_stage = [&](int64_t kb) {
+    const uint32_t stage = shared_base + static_cast<uint32_t>(kb % kStages) * Shape::kStageBytes + copy_offset;
+    const uint8_t* a_block = a_source + kb * kBlockK;
+#pragma unroll
+    for (int j = 0; j < Shape::kChunks; ++j) {
+      const uint32_t target = stage + j * Shape::kThreads * 16;
+      if (j < kACopies) {
+        const bool inside = j < a_copies_inside;
+        copy_async_16_or_zeros(target, inside ? a_block + j * a_copy_step : args.x, inside);
+      } else if constexpr (kWarpGroups * kSubTiles == 1) {
+        copy_async_16_stream(target, b_source + (j - kACopies) * b_copy_step + kb * kBlockK);
+      } else {
+        copy_async_16(target, b_source + (j - kACopies) * b_copy_step + kb * kBlockK);
+      }
+    }
+    copy_async_commit();
+  };
+
+  // This thread's rows in slice u: its accumulator rows (and rows of A in its fragments) row(u) and row(u) + 8.
+  const auto slice_row = [&](int u) -> int64_t {
+    return m0 + (warp_group * kSubTiles + u) * 64 + warp_in_group * 16 + lane / 4;
+  };
+  const uint8_t* x_scale_group = args.x_scale + group * args.x_scale_stride_g;
+  const uint8_t* w_scale_row = args.w_scale + group * args.w_scale_stride_g + (n0 / kBlockK) * args.w_scale_stride_nb;
+  // The scale bytes of K block kb for the rows of slice u (127 past M, whose A is zero).
+  const auto load_scales = [&](int64_t kb, int u, uint32_t& lo, uint32_t& hi) {
+    const int64_t row = slice_row(u);
+    lo = row < args.m ? x_scale_group[row * args.x_scale_stride_m + kb] : 127u;
+    hi = row + 8 < args.m ? x_scale_group[(row + 8) * args.x_scale_stride_m + kb] : 127u;
+  };
+
+  // The first K blocks load while the scales are checked.
+  const auto issue_first_stages = [&]() {
+#pragma unroll
+    for (int s = 0; s < kAhead; ++s) {
+      if (s < k_blocks) {
+        issue_stage(s);
+      } else {
+        copy_async_commit();  // an empty group keeps the count uniform
+      }
+    }
+  };
+  issue_first_stages();
+
+  // The rows' largest block exponents xs + ws over K, and whether every block lies within 2^15 of them.
+  int top[kSubTiles][2];
+  bool within = true;
+#pragma unroll
+  for (int u = 0; u < kSubTiles; ++u) {
+    int bottom[2] = {1 << 20, 1 << 20};
+    top[u][0] = top[u][1] = 0;
+    for (int64_t kb = 0; kb < k_blocks; ++kb) {
+      uint32_t xs[2];
+      load_scales(kb, u, xs[0], xs[1]);
+      const uint32_t ws = w_scale_row[kb];
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        within = within && xs[h] != kUe8m0NaN && ws != kUe8m0NaN;
+        const int e = static_cast<int>(xs[h] + ws);
+        top[u][h] = max(top[u][h], e);
+        bottom[h] = min(bottom[h], e);
+      }
+    }
+    within = within && top[u][0] - bottom[0] <= 15 && top[u][1] - bottom[1] <= 15;
+  }
+  const bool scaled_in_f16 = __syncthreads_and(within) != 0;
+
+  // B of K block kb, from its landed stage into f16 copy kb % 2 (two 64-wide atoms of kBlockN 128-byte rows in
+  // the 128-byte swizzle). Chunk c = tid + j * threads of B's part: row c / 8, stored at column q = tid % 8,
+  // holding FP8 bytes 16 p .. 16 p + 15 with p = q ^ (row % 8), which become step p's 16 slots: the low halves
+  // of its 4 words at slots 0..7, the high halves at 8..15.
+  constexpr int kBChunks = kBlockN * 8 / Shape::kThreads;
+  const int convert_row = tid / 8;
+  const int convert_step = (tid % 8) ^ (convert_row % 8);
+  const uint32_t convert_low = static_cast<uint32_t>(((2 * (convert_step % 4)) ^ (convert_row % 8)) * 16);
+  const uint32_t convert_high = static_cast<uint32_t>(((2 * (convert_step % 4) + 1) ^ (convert_row % 8)) * 16);
+  const uint32_t convert_target = static_cast<uint32_t>((convert_step / 4) * kBlockN * 128 + convert_row * 128);
+  const auto convert_b = [&](int64_t kb) {
+    const uint32_t stage = shared_base + static_cast<uint32_t>(kb % kStages) * Shape::kStageBytes +
+                           Shape::kBlockM * 128 + static_cast<uint32_t>(tid * 16);
+    const uint32_t copy = copy_base + static_cast<uint32_t>(kb % 2) * Shape::kCopyBytes + convert_target;
+#pragma unroll
+    for (int j = 0; j < kBChunks; ++j) {
+      uint4 codes;
+      asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
+                   : "=r"(codes.x), "=r"(codes.y), "=r"(codes.z), "=r"(codes.w)
+                   : "r"(stage + static_cast<uint32_t>(j * Shape::kThreads * 16)));
+      uint4 low, high;
+      ocp_fp8x4_to_f16x4(codes.x, low.x, high.x);
+      ocp_fp8x4_to_f16x4(codes.y, low.y, high.y);
+      ocp_fp8x4_to_f16x4(codes.z, low.z, high.z);
+      ocp_fp8x4_to_f16x4(codes.w, low.w, high.w);
+      const uint32_t row_at = copy + static_cast<uint32_t>(j * kRowsPerCopy * 128);
+      asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(row_at + convert_low), "r"(low.x), "r"(low.y),
+                   "r"(low.z), "r"(low.w)
+                   : "memory");
+      asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(row_at + convert_high), "r"(high.x),
+                   "r"(high.y), "r"(high.z), "r"(high.w)
+                   : "memory");
+    }
+  };
+
+  // A of K block kb for this warp's 16 rows of slice u, from its landed stage: per pair of steps one ldmatrix
+  // .x4 (matrix i: rows 8 (i % 2) .. + 7 of the warp's, FP8 bytes of step 2p + i / 2), each of its words
+  // converted to two f16 pairs (fragment words 0 and 2, or 1 and 3), times the rows' factors when `scale`.
+  using AFragments = uint32_t[kSteps][4];
+  const auto load_a = [&](int64_t kb, int u, AFragments& a, uint32_t factor_lo, uint32_t factor_hi, bool scale) {
+    const int row = (warp_group * kSubTiles + u) * 64 + warp_in_group * 16 + lane % 8 + 8 * ((lane / 8) % 2);
+    const uint32_t stage =
+        shared_base + static_cast<uint32_t>(kb % kStages) * Shape::kStageBytes + static_cast<uint32_t>(row * 128);
+#pragma unroll
+    for (int p = 0; p < kSteps / 2; ++p) {
+      const int chunk = 2 * p + lane / 16;
+      uint32_t words[4];
+      ldmatrix_x4_shared(words, stage + static_cast<uint32_t>((chunk ^ (lane % 8)) * 16));  // row % 8 = lane % 8
+#pragma unroll
+      for (int q = 0; q < 2; ++q) {
+        uint32_t (&f)[4] = a[2 * p + q];
+        ocp_fp8x4_to_f16x4(words[2 * q], f[0], f[2]);
+        ocp_fp8x4_to_f16x4(words[2 * q + 1], f[1], f[3]);
+        if (scale) {
+          f[0] = f16x2_multiply(f[0], factor_lo);
+          f[2] = f16x2_multiply(f[2], factor_lo);
+          f[1] = f16x2_multiply(f[1], factor_hi);
+          f[3] = f16x2_multiply(f[3], factor_hi);
+        }
+      }
+    }
+  };
+
+  // The K block's 8 steps into d (accumulating from the first when accumulate_first).
+  const auto multiply = [&](float (&d)[kAcc], const AFragments& a, uint32_t copy, bool accumulate_first) {
+#pragma unroll
+    for (int s = 0; s < kSteps; ++s) {
+      const uint64_t b_desc =
+          swizzled_tile_descriptor(copy + static_cast<uint32_t>((s / 4) * kBlockN * 128 + 32 * (s % 4)));
+      const uint32_t accumulate = s > 0 || accumulate_first ? 1u : 0u;
+      if constexpr (kBlockN == 128) {
+        wgmma_m64n128k16_f16_rs(d, a[s], b_desc, accumulate);
+      } else {
+        wgmma_m64n64k16_f16_rs(d, a[s], b_desc, accumulate);
+      }
+    }
+  };
+
+  // The fold of one K block's product (the per-block form).
+  const auto fold = [&](float (&product)[kAcc], float (&sum)[kAcc], uint32_t xs_lo, uint32_t xs_hi, uint32_t ws) {
+    const BlockScale f_lo = block_scale(xs_lo, ws, shift);
+    const BlockScale f_hi = block_scale(xs_hi, ws, shift);
+#pragma unroll
+    for (int i = 0; i < kAcc; ++i) {
+      const BlockScale& f = (i % 4) < 2 ? f_lo : f_hi;
+      sum[i] += (product[i] * f.f1) * f.f2;
+    }
+  };
+
+  // Slice u's sums to out, times 2^(top - 254 + shift) per row when they carry the rows' largest scales (as two
+  // exact factors). Fragment entry i: row row(u) + 8 * ((i / 2) % 2), column 8 * (i / 4) + 2 * (lane % 4) + i % 2.
+  const auto store = [&](int u, const float (&sums)[kAcc], bool scaled) {
+    BlockScale factors[2] = {{1.0f, 1.0f}, {1.0f, 1.0f}};
+    if (scaled) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const uint32_t e = static_cast<uint32_t>(top[u][h]);  // <= 508: two bytes below the E8M0 NaN
+        factors[h] = block_scale(e / 2, e - e / 2, shift);
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < kAcc; i += 2) {
+      const int h = (i / 2) % 2;
+      const int64_t m = slice_row(u) + 8 * h;
+      if (m >= args.m) continue;
+      const float v0 = (sums[i] * factors[h].f1) * factors[h].f2;
+      const float v1 = (sums[i + 1] * factors[h].f1) * factors[h].f2;
+      const int64_t offset = m * args.out_stride_m + group * args.out_stride_g + n0 + 8 * (i / 4) + 2 * (lane % 4);
+      if (args.out_fp32) {
+        float* out = static_cast<float*>(args.out) + offset;
+        out[0] = v0;
+        out[1] = v1;
+      } else {
+        uint16_t* out = static_cast<uint16_t*>(args.out) + offset;
+        out[0] = float_to_bf16_bits(v0);
+        out[1] = float_to_bf16_bits(v1);
+      }
+    }
+  };
+
+  // One pass over K for kSubs slices from u_first: all of them at once in the scaled form; one at a time in
+  // the per-block form, whose product and fold need the registers.
+  const auto pass = [&](auto scaled_tag, int u_first, bool first_stages_issued) {
+    constexpr bool kScaled = decltype(scaled_tag)::value;
+    constexpr int kSubs = kScaled ? kSubTiles : 1;
+    float acc[kSubs][kAcc];
+    float product[kScaled ? 1 : kAcc];
+#pragma unroll
+    for (int u = 0; u < kSubs; ++u) {
+#pragma unroll
+      for (int i = 0; i < kAcc; ++i) acc[u][i] = 0.0f;
+    }
+    // A of the block being multiplied, and of the next. One slice: two buffers, the next loaded while the
+    // block multiplies. Two slices: one buffer each, slice u's next loaded once its product is done.
+    AFragments a_first[kSubs], a_second[1];  // a_second: one slice only
+    uint32_t xs[kSubs][2] = {}, ws = 127u;  // the scale bytes of the block multiplied next
+    const auto factor = [&](int u, int h) {
+      return f16x2_inverse_power_of_two(top[u_first + u][h] - static_cast<int>(xs[u][h] + ws));
+    };
+    const auto load_block_a = [&](int64_t kb, int u, AFragments& a) {
+      if constexpr (kScaled) {
+        load_a(kb, u_first + u, a, factor(u, 0), factor(u, 1), true);
+      } else {
+        load_a(kb, u_first + u, a, 0u, 0u, false);
+      }
+    };
+    const auto load_block_scales = [&](int64_t kb) {
+#pragma unroll
+      for (int u = 0; u < kSubs; ++u) load_scales(kb, u_first + u, xs[u][0], xs[u][1]);
+      ws = w_scale_row[kb];
+    };
+
+    if (!first_stages_issued) {
+      __syncthreads();  // the previous pass is done with the shared buffers
+      issue_first_stages();
+    }
+    load_block_scales(0);
+    copy_async_wait<kAhead - 1>();
+    __syncthreads();
+    convert_b(0);
+    fence_shared_writes_for_wgmma();
+#pragma unroll
+    for (int u = 0; u < kSubs; ++u) load_block_a(0, u, a_first[u]);
+    __syncthreads();
+
+    const auto step = [&](int64_t kb, AFragments (&a)[kSubs], AFragments (&a_next)[kSubs]) {
+      const bool more = kb + 1 < k_blocks;
+      uint32_t next_xs[kSubs][2], next_ws = 127u;
+      if (more) {
+#pragma unroll
+        for (int u = 0; u < kSubs; ++u) load_scales(kb + 1, u_first + u, next_xs[u][0], next_xs[u][1]);
+        next_ws = w_scale_row[kb + 1];
+      }
+      const uint32_t copy = copy_base + static_cast<uint32_t>(kb % 2) * Shape::kCopyBytes;
+      if constexpr (kScaled) {
+#pragma unroll
+        for (int u = 0; u < kSubs; ++u) pin_registers(acc[u]);
+      } else {
+        pin_registers(product);
+      }
+      wgmma_fence();
+#pragma unroll
+      for (int u = 0; u < kSubs; ++u) {
+        if constexpr (kScaled) {
+          multiply(acc[u], a[u], copy, kb > 0);
+        } else {
+          multiply(product, a[u], copy, false);
+        }
+        wgmma_commit();
+      }
+      if constexpr (!kScaled) {
+        wgmma_wait<0>();
+        pin_registers(product);
+        fold(product, acc[0], xs[0][0], xs[0][1], ws);
+      } else if constexpr (kSubs == 1) {
+        wgmma_wait<1>();  // block kb - 1's product done: its A registers (a_next) and B copy are free
+      }
+      if (!more) return;
+#pragma unroll
+      for (int u = 0; u < kSubs; ++u) {
+        xs[u][0] = next_xs[u][0];
+        xs[u][1] = next_xs[u][1];
+      }
+      ws = next_ws;
+      // Groups committed: kAhead + kb; with kAhead - 2 pending, block kb + 1 has landed.
+      copy_async_wait<kAhead - 2>();
+      __syncthreads();  // block kb + 1 visible; every warp group done with copy (kb + 1) % 2 and stage kb - 1
+      if (kb + kAhead < k_blocks) {
+        issue_stage(kb + kAhead);
+      } else {
+        copy_async_commit();
+      }
+      convert_b(kb + 1);
+      fence_shared_writes_for_wgmma();
+      if constexpr (kSubs == 1) {
+        load_block_a(kb + 1, 0, a_next[0]);
+      } else {
+        static_assert(kSubs == 2, "one or two slices a warp group");
+        wgmma_wait<1>();  // slice 0's product done
+        load_block_a(kb + 1, 0, a_next[0]);
+        wgmma_wait<0>();
+        load_block_a(kb + 1, 1, a_next[1]);
+      }
+      __syncthreads();  // copy (kb + 1) % 2 complete
+    };
+    for (int64_t kb = 0; kb < k_blocks; kb += 2) {
+      if constexpr (kSubs == 1) {
+        step(kb, a_first, a_second);
+        if (kb + 1 < k_blocks) step(kb + 1, a_second, a_first);
+      } else {
+        step(kb, a_first, a_first);
+        if (kb + 1 < k_blocks) step(kb + 1, a_first, a_first);
+      }
+    }
+    wgmma_wait<0>();
+#pragma unroll
+    for (int u = 0; u < kSubs; ++u) {
+      pin_registers(acc[u]);
+      store(u_first + u, acc[u], kScaled);
+    }
+    copy_async_wait<0>();
+  };
+  if (scaled_in_f16) {
+    pass(std::true_type{}, 0, true);
+  } else {
+    for (int u = 0; u < kSubTiles; ++u) pass(std::false_type{}, u, u == 0);
+  }
+#else
+  (void)args;
+#if DSV4_DEVICE_PASS
+  device_trap();  // no wgmma in this device pass; the launcher only picks this kernel for sm_90a builds on sm_90
+#endif
+#endif
+}
+
+template <int kWarpGroups, int kSubTiles, int kBlockN, int kStages>
+LaunchStatus launch_wgmma_f16(const BmmA8W8MxScaleArgs& args, hipStream_t stream) {
+  using Shape = F16Shape<kWarpGroups, kSubTiles, kBlockN>;
+  constexpr size_t shared_bytes = wgmma_f16_shared_bytes<kWarpGroups, kSubTiles, kBlockN, kStages>();
   const int64_t m_tiles = (args.m + Shape::kBlockM - 1) / Shape::kBlockM;
   if (m_tiles > 65535 || args.groups > 65535) return LaunchStatus::kInvalidArgument;
-  if (!allow_dynamic_shared_memory<bmm_wgmma_kernel<kWarpGroups, kBlockN, kStages, kExact>>(shared_bytes)) {
+  if (!allow_dynamic_shared_memory<bmm_wgmma_f16_kernel<kWarpGroups, kSubTiles, kBlockN, kStages>>(shared_bytes)) {
     return LaunchStatus::kLaunchFailed;
   }
   const dim3 grid(static_cast<unsigned>(args.n / kBlockN), static_cast<unsigned>(m_tiles),
                   static_cast<unsigned>(args.groups));
-  launch_overlapping(bmm_wgmma_kernel<kWarpGroups, kBlockN, kStages, kExact>, grid, dim3(Shape::kThreads),
+  launch_overlapping(bmm_wgmma_f16_kernel<kWarpGroups, kSubTiles, kBlockN, kStages>, grid, dim3(Shape::kThreads),
+                     shared_bytes, stream, args);
+  return last_launch_status();
+}
+
+template <int kWarpGroups, int kBlockN, int kStages>
+LaunchStatus launch_wgmma(const BmmA8W8MxScaleArgs& args, hipStream_t stream) {
+  using Shape = WgmmaShape<kWarpGroups, kBlockN>;
+  constexpr size_t shared_bytes = wgmma_shared_bytes<kWarpGroups, kBlockN, kStages>();
+  const int64_t m_tiles = (args.m + Shape::kBlockM - 1) / Shape::kBlockM;
+  if (m_tiles > 65535 || args.groups > 65535) return LaunchStatus::kInvalidArgument;
+  if (!allow_dynamic_shared_memory<bmm_wgmma_kernel<kWarpGroups, kBlockN, kStages>>(shared_bytes)) {
+    return LaunchStatus::kLaunchFailed;
+  }
+  const dim3 grid(static_cast<unsigned>(args.n / kBlockN), static_cast<unsigned>(m_tiles),
+                  static_cast<unsigned>(args.groups));
+  launch_overlapping(bmm_wgmma_kernel<kWarpGroups, kBlockN, kStages>, grid, dim3(Shape::kThreads),
                      shared_bytes, stream, args);
   return last_launch_status();
 }
@@ -1290,26 +1645,30 @@ LaunchStatus launch_bmm_a8w8_mxscale(const BmmA8W8MxScaleArgs& args, void* strea
   // G = 16: 25 us against 92), else 64 x 64 tiles with at least 64 of them (M = 64, G = 8: 16 us against
   // 46). Up to M = 16, and with fewer tiles (M <= 64 at G <= 2), the split-K kernel keeps the lead (M = 16,
   // G = 8: 13.5 us against 16.7; M = 64, G = 1: 6.6 against 16.4).
-  // With fp32 block sums, its exact (f16) form where it beats the mma.sync kernels (H200, graph replay):
-  // the 128 x 128 tiles (G = 8: M = 256 69 us against 97, M = 4096 966 against 1451, M = 16384 3748
-  // against 5602; G = 2, M = 1024: 68 against 94), the 64 x 128 tiles from 33 rows (G = 16, M = 64: 45
-  // against 69; G = 1, M = 1024: 45 against 49) and the 64 x 64 tiles at 33..64 rows (G = 8, M = 64: 33
-  // against 37). With more rows the 64 x 64 tiles lose (G = 1, M = 256: 30 against 18).
+  // With fp32 sums, bmm_wgmma_f16_kernel where it beats the mma.sync kernels (H200, graph replay, same run):
+  // 256 x 128 tiles when at least 128 of them fill the GPU (G = 8: M = 4096 749 us against 869 for the 128 x
+  // 128 tiles, M = 16384 2879 against 3341; G = 1, M = 4096: 98.6 against 110.3), else the 128 x 128 tiles
+  // above M = 64 (G = 8, M = 256: 58.9 against 97.2 for the 256-row tiles; G = 1, M = 1024 38.4 against
+  // 90.6), the 64 x 128 tiles from 33 rows (G = 16, M = 64: 40.3) and the 64 x 64 tiles at 33..64 rows (G = 8,
+  // M = 64: 26.0; the mma.sync split-K kernel 36.5). With more rows the 64 x 64 tiles lose (G = 1, M = 256:
+  // 30 us against 18, measured on the f16 kernel before this one).
   // (Grids of more than 65535 M tiles, M > 4M rows, take the kernels below, whose M tiles run along x.)
   // (OCP operands only: the FNUZ codes an OCP unit cannot hold are rewritten per fragment by the kernels below.)
   if (vector && args.x_format == Fp8Format::kOCP && args.w_format == Fp8Format::kOCP &&
       (args.m + 63) / 64 <= 65535 && device_runs_wgmma()) {
+    const int64_t tall_tiles = (args.m + 255) / 256 * (args.n / 128) * args.groups;
     const int64_t large_tiles = (args.m + 127) / 128 * (args.n / 128) * args.groups;
     const int64_t wide_tiles = (args.m + 63) / 64 * (args.n / 128) * args.groups;
     const int64_t small_tiles = (args.m + 63) / 64 * (args.n / 64) * args.groups;
     if (args.reduced_precision_block_sums) {
-      if (args.m > 64 && large_tiles >= 128) return launch_wgmma<2, 128, 4, false>(args, hip_stream);
-      if (args.m > 16 && wide_tiles >= 128) return launch_wgmma<1, 128, 6, false>(args, hip_stream);
-      if (args.m > 16 && small_tiles >= 64) return launch_wgmma<1, 64, 8, false>(args, hip_stream);
+      if (args.m > 64 && large_tiles >= 128) return launch_wgmma<2, 128, 4>(args, hip_stream);
+      if (args.m > 16 && wide_tiles >= 128) return launch_wgmma<1, 128, 6>(args, hip_stream);
+      if (args.m > 16 && small_tiles >= 64) return launch_wgmma<1, 64, 8>(args, hip_stream);
     } else {
-      if (args.m > 64 && large_tiles >= 128) return launch_wgmma<2, 128, 3, true>(args, hip_stream);
-      if (args.m > 32 && wide_tiles >= 128) return launch_wgmma<1, 128, 5, true>(args, hip_stream);
-      if (args.m > 32 && args.m <= 64 && small_tiles >= 64) return launch_wgmma<1, 64, 8, true>(args, hip_stream);
+      if (args.m > 64 && tall_tiles >= 128) return launch_wgmma_f16<2, 2, 128, 3>(args, hip_stream);
+      if (args.m > 64 && large_tiles >= 128) return launch_wgmma_f16<2, 1, 128, 5>(args, hip_stream);
+      if (args.m > 32 && wide_tiles >= 128) return launch_wgmma_f16<1, 1, 128, 6>(args, hip_stream);
+      if (args.m > 32 && args.m <= 64 && small_tiles >= 64) return launch_wgmma_f16<1, 1, 64, 8>(args, hip_stream);
     }
   }
 #endif

@@ -1,7 +1,7 @@
-// sm_90a warpgroup MMA (wgmma.mma_async) on FP8 e4m3, f16 and bf16 operands in shared memory, for the kernels that
-// take Hopper's tensor-core path (sm_90 runs mma.sync's e4m3 shapes as f16 conversions plus f16 MMAs, about
-// 200 TFLOP/s at best on the H200). Device helpers exist in sm_90a device passes only (DSV4_WGMMA); the host
-// helper says whether the current device runs them.
+// sm_90a warpgroup MMA (wgmma.mma_async) on FP8 e4m3, f16 and bf16 operands (in shared memory; f16 A also from
+// registers), for the kernels that take Hopper's tensor-core path (sm_90 runs mma.sync's e4m3 shapes as f16
+// conversions plus f16 MMAs, about 200 TFLOP/s at best on the H200). Device helpers exist in sm_90a device passes
+// only (DSV4_WGMMA); the host helper says whether the current device runs them.
 //
 // Numerics of the FP8 forms: the unit sums each k32 step's products and the running sum in fixed point aligned
 // to the largest of them, keeping about 13-14 bits (not fp32); callers state where that is acceptable. The f16
@@ -53,9 +53,27 @@ namespace dsv4 {
 // FP8 e4m3 operands, K-major (the only layout of the 8-bit forms).
 DSV4_WGMMA_SS_32(wgmma_m64n64k32, "wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3", "1, 1")
 DSV4_WGMMA_SS_64(wgmma_m64n128k32, "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3", "1, 1")
-// f16 operands, both K-major.
-DSV4_WGMMA_SS_32(wgmma_m64n64k16_f16, "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16", "1, 1, 0, 0")
-DSV4_WGMMA_SS_64(wgmma_m64n128k16_f16, "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16", "1, 1, 0, 0")
+// A wrapper `name(d, a, b_desc, accumulate)` of an f16 wgmma with A in registers: a[0..3] are the thread's
+// four words of A (f16 pairs) in the m16n8k16 A-fragment layout of its warp's 16 rows (word 0: row lane / 4,
+// k 2 (lane % 4) and + 1; word 1: that row + 8; words 2 and 3: the same rows, k + 8), B K-major in shared
+// memory. The unit reads the registers after the instruction issues: they must stay unchanged until the wait
+// for its group (ptxas keeps them so).
+#define DSV4_WGMMA_RS_32(name, instruction)                                                                      \
+  DSV4_DEVICE void name(float(&d)[32], const uint32_t(&a)[4], uint64_t b_desc, uint32_t accumulate) {             \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n" instruction " {" DSV4_WGMMA_D32                      \
+                 "}, {%32, %33, %34, %35}, %36, p, 1, 1, 0;\n}\n"                                                  \
+                 : DSV4_WGMMA_ACC32(d, 0)                                                                         \
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(accumulate));                     \
+  }
+#define DSV4_WGMMA_RS_64(name, instruction)                                                                      \
+  DSV4_DEVICE void name(float(&d)[64], const uint32_t(&a)[4], uint64_t b_desc, uint32_t accumulate) {             \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n" instruction " {" DSV4_WGMMA_D64                      \
+                 "}, {%64, %65, %66, %67}, %68, p, 1, 1, 0;\n}\n"                                                  \
+                 : DSV4_WGMMA_ACC32(d, 0), DSV4_WGMMA_ACC32(d, 32)                                                \
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(accumulate));                     \
+  }
+DSV4_WGMMA_RS_32(wgmma_m64n64k16_f16_rs, "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16")
+DSV4_WGMMA_RS_64(wgmma_m64n128k16_f16_rs, "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16")
 // D[64 x 16] (+)= A[64 x 16] B[16 x 16], bf16 operands in shared memory, both K-major, fp32 accumulators;
 // accumulate = 0 overwrites D.
 DSV4_DEVICE void wgmma_m64n16k16_bf16(float (&d)[8], uint64_t a_desc, uint64_t b_desc, uint32_t accumulate) {
