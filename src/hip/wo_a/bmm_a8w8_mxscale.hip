@@ -41,8 +41,9 @@
 //   * sm_90a, fp32 sums (the default), from 33 rows where its tiles fill the GPU (below): bmm_wgmma_f16_kernel,
 //     f16 wgmma (every e4m3 value is exact in f16; the unit sums in fp32 as the mma.sync path does) with A
 //     converted in registers and B through an f16 copy in shared memory; where the rows' block scales allow
-//     it exactly, A carries them and the whole K sums in one fp32 accumulator. About 380 TFLOP/s on the H200
-//     at its 256 x 128 tiles, bound by its per-block instruction stream (one block of 8 warps per SM).
+//     it exactly, A carries them and the whole K sums in one fp32 accumulator. About 420 TFLOP/s on the H200
+//     at its 256 x 128 tiles (one block of 8 warps per SM): the f16 B operand's reads by the unit plus the
+//     staging and conversion traffic come near the shared-memory bandwidth, and 8 warps hide little latency.
 // Rows past M load zeros and are not stored. 64-bit offsets throughout.
 #include <type_traits>
 
@@ -1237,19 +1238,25 @@ __global__ void __launch_bounds__(128 * kWarpGroups) bmm_wgmma_f16_kernel(BmmA8W
                      : static_cast<int>(rows_left >= kACopies * kRowsPerCopy
                                             ? kACopies
                                             : (rows_left + kRowsPerCopy - 1) / kRowsPerCopy);
-  const auto issue_stage = [&](int64_t kb) {
-    const uint32_t stage = shared_base + static_cast<uint32_t>(kb % kStages) * Shape::kStageBytes + copy_offset;
-    const uint8_t* a_block = a_source + kb * kBlockK;
+  // Stage buffers go by slot (kb % kStages, kept by the callers: a 64-bit modulo per use would cost more).
+  // The sources walk by integer steps (the copies past row M read nothing: their addresses are never used).
+  const auto issue_stage = [&](int64_t kb, int slot) {
+    const uint32_t stage = shared_base + static_cast<uint32_t>(slot) * Shape::kStageBytes + copy_offset;
+    uint64_t a_address = reinterpret_cast<uint64_t>(a_source) + static_cast<uint64_t>(kb * kBlockK);
+    uint64_t b_address = reinterpret_cast<uint64_t>(b_source) + static_cast<uint64_t>(kb * kBlockK);
 #pragma unroll
     for (int j = 0; j < Shape::kChunks; ++j) {
       const uint32_t target = stage + j * Shape::kThreads * 16;
       if (j < kACopies) {
-        const bool inside = j < a_copies_inside;
-        copy_async_16_or_zeros(target, inside ? a_block + j * a_copy_step : args.x, inside);
-      } else if constexpr (kWarpGroups * kSubTiles == 1) {
-        copy_async_16_stream(target, b_source + (j - kACopies) * b_copy_step + kb * kBlockK);
+        copy_async_16_or_zeros(target, reinterpret_cast<const void*>(a_address), j < a_copies_inside);
+        a_address += static_cast<uint64_t>(a_copy_step);
       } else {
-        copy_async_16(target, b_source + (j - kACopies) * b_copy_step + kb * kBlockK);
+        if constexpr (kWarpGroups * kSubTiles == 1) {
+          copy_async_16_stream(target, reinterpret_cast<const void*>(b_address));
+        } else {
+          copy_async_16(target, reinterpret_cast<const void*>(b_address));
+        }
+        b_address += static_cast<uint64_t>(b_copy_step);
       }
     }
     copy_async_commit();
@@ -1273,7 +1280,7 @@ __global__ void __launch_bounds__(128 * kWarpGroups) bmm_wgmma_f16_kernel(BmmA8W
 #pragma unroll
     for (int s = 0; s < kAhead; ++s) {
       if (s < k_blocks) {
-        issue_stage(s);
+        issue_stage(s, s);
       } else {
         copy_async_commit();  // an empty group keeps the count uniform
       }
@@ -1304,49 +1311,55 @@ __global__ void __launch_bounds__(128 * kWarpGroups) bmm_wgmma_f16_kernel(BmmA8W
   }
   const bool scaled_in_f16 = __syncthreads_and(within) != 0;
 
-  // B of K block kb, from its landed stage into f16 copy kb % 2 (two 64-wide atoms of kBlockN 128-byte rows in
+  // B of the K block in stage `slot` into f16 copy `copy_index` (the block's number % 2; two 64-wide atoms of kBlockN 128-byte rows in
   // the 128-byte swizzle). Chunk c = tid + j * threads of B's part: row c / 8, stored at column q = tid % 8,
   // holding FP8 bytes 16 p .. 16 p + 15 with p = q ^ (row % 8), which become step p's 16 slots: the low halves
-  // of its 4 words at slots 0..7, the high halves at 8..15.
+  // of its 4 words at slots 0..7, the high halves at 8..15. Threads with p >= 4 store the high halves first
+  // (their words' halves swapped before the conversion), so that each store of the 8 threads of a row covers
+  // all 8 16-byte bank groups (p and p + 4 land on the same ones, an atom apart).
   constexpr int kBChunks = kBlockN * 8 / Shape::kThreads;
   const int convert_row = tid / 8;
   const int convert_step = (tid % 8) ^ (convert_row % 8);
   const uint32_t convert_low = static_cast<uint32_t>(((2 * (convert_step % 4)) ^ (convert_row % 8)) * 16);
   const uint32_t convert_high = static_cast<uint32_t>(((2 * (convert_step % 4) + 1) ^ (convert_row % 8)) * 16);
   const uint32_t convert_target = static_cast<uint32_t>((convert_step / 4) * kBlockN * 128 + convert_row * 128);
-  const auto convert_b = [&](int64_t kb) {
-    const uint32_t stage = shared_base + static_cast<uint32_t>(kb % kStages) * Shape::kStageBytes +
-                           Shape::kBlockM * 128 + static_cast<uint32_t>(tid * 16);
-    const uint32_t copy = copy_base + static_cast<uint32_t>(kb % 2) * Shape::kCopyBytes + convert_target;
+  const bool high_first = convert_step >= 4;
+  const uint32_t convert_first = high_first ? convert_high : convert_low;
+  const uint32_t convert_second = high_first ? convert_low : convert_high;
+  const uint32_t halves_selector = high_first ? 0x1032u : 0x3210u;  // prmt: swap the halves, or not
+  const auto convert_b = [&](int slot, int copy_index) {
+    const uint32_t stage = shared_base + static_cast<uint32_t>(slot) * Shape::kStageBytes + Shape::kBlockM * 128 +
+                           static_cast<uint32_t>(tid * 16);
+    const uint32_t copy = copy_base + static_cast<uint32_t>(copy_index) * Shape::kCopyBytes + convert_target;
 #pragma unroll
     for (int j = 0; j < kBChunks; ++j) {
       uint4 codes;
       asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
                    : "=r"(codes.x), "=r"(codes.y), "=r"(codes.z), "=r"(codes.w)
                    : "r"(stage + static_cast<uint32_t>(j * Shape::kThreads * 16)));
-      uint4 low, high;
-      ocp_fp8x4_to_f16x4(codes.x, low.x, high.x);
-      ocp_fp8x4_to_f16x4(codes.y, low.y, high.y);
-      ocp_fp8x4_to_f16x4(codes.z, low.z, high.z);
-      ocp_fp8x4_to_f16x4(codes.w, low.w, high.w);
+      uint4 first, second;  // the low halves' slots then the high halves', in the order stored
+      ocp_fp8x4_to_f16x4(__byte_perm(codes.x, 0u, halves_selector), first.x, second.x);
+      ocp_fp8x4_to_f16x4(__byte_perm(codes.y, 0u, halves_selector), first.y, second.y);
+      ocp_fp8x4_to_f16x4(__byte_perm(codes.z, 0u, halves_selector), first.z, second.z);
+      ocp_fp8x4_to_f16x4(__byte_perm(codes.w, 0u, halves_selector), first.w, second.w);
       const uint32_t row_at = copy + static_cast<uint32_t>(j * kRowsPerCopy * 128);
-      asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(row_at + convert_low), "r"(low.x), "r"(low.y),
-                   "r"(low.z), "r"(low.w)
+      asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(row_at + convert_first), "r"(first.x),
+                   "r"(first.y), "r"(first.z), "r"(first.w)
                    : "memory");
-      asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(row_at + convert_high), "r"(high.x),
-                   "r"(high.y), "r"(high.z), "r"(high.w)
+      asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(row_at + convert_second), "r"(second.x),
+                   "r"(second.y), "r"(second.z), "r"(second.w)
                    : "memory");
     }
   };
 
-  // A of K block kb for this warp's 16 rows of slice u, from its landed stage: per pair of steps one ldmatrix
+  // A of the K block in stage `slot` for this warp's 16 rows of slice u: per pair of steps one ldmatrix
   // .x4 (matrix i: rows 8 (i % 2) .. + 7 of the warp's, FP8 bytes of step 2p + i / 2), each of its words
   // converted to two f16 pairs (fragment words 0 and 2, or 1 and 3), times the rows' factors when `scale`.
   using AFragments = uint32_t[kSteps][4];
-  const auto load_a = [&](int64_t kb, int u, AFragments& a, uint32_t factor_lo, uint32_t factor_hi, bool scale) {
+  const auto load_a = [&](int slot, int u, AFragments& a, uint32_t factor_lo, uint32_t factor_hi, bool scale) {
     const int row = (warp_group * kSubTiles + u) * 64 + warp_in_group * 16 + lane % 8 + 8 * ((lane / 8) % 2);
     const uint32_t stage =
-        shared_base + static_cast<uint32_t>(kb % kStages) * Shape::kStageBytes + static_cast<uint32_t>(row * 128);
+        shared_base + static_cast<uint32_t>(slot) * Shape::kStageBytes + static_cast<uint32_t>(row * 128);
 #pragma unroll
     for (int p = 0; p < kSteps / 2; ++p) {
       const int chunk = 2 * p + lane / 16;
@@ -1443,11 +1456,11 @@ __global__ void __launch_bounds__(128 * kWarpGroups) bmm_wgmma_f16_kernel(BmmA8W
     const auto factor = [&](int u, int h) {
       return f16x2_inverse_power_of_two(top[u_first + u][h] - static_cast<int>(xs[u][h] + ws));
     };
-    const auto load_block_a = [&](int64_t kb, int u, AFragments& a) {
+    const auto load_block_a = [&](int slot, int u, AFragments& a) {
       if constexpr (kScaled) {
-        load_a(kb, u_first + u, a, factor(u, 0), factor(u, 1), true);
+        load_a(slot, u_first + u, a, factor(u, 0), factor(u, 1), true);
       } else {
-        load_a(kb, u_first + u, a, 0u, 0u, false);
+        load_a(slot, u_first + u, a, 0u, 0u, false);
       }
     };
     const auto load_block_scales = [&](int64_t kb) {
@@ -1463,13 +1476,14 @@ __global__ void __launch_bounds__(128 * kWarpGroups) bmm_wgmma_f16_kernel(BmmA8W
     load_block_scales(0);
     copy_async_wait<kAhead - 1>();
     __syncthreads();
-    convert_b(0);
+    convert_b(0, 0);
     fence_shared_writes_for_wgmma();
 #pragma unroll
-    for (int u = 0; u < kSubs; ++u) load_block_a(0, u, a_first[u]);
+    for (int u = 0; u < kSubs; ++u) load_block_a(0, u, a_first[u]);  // block 0: slot 0
     __syncthreads();
 
-    const auto step = [&](int64_t kb, AFragments (&a)[kSubs], AFragments (&a_next)[kSubs]) {
+    // K block kb, in stage `slot`.
+    const auto step = [&](int64_t kb, int slot, AFragments (&a)[kSubs], AFragments (&a_next)[kSubs]) {
       const bool more = kb + 1 < k_blocks;
       uint32_t next_xs[kSubs][2], next_ws = 127u;
       if (more) {
@@ -1477,7 +1491,7 @@ __global__ void __launch_bounds__(128 * kWarpGroups) bmm_wgmma_f16_kernel(BmmA8W
         for (int u = 0; u < kSubs; ++u) load_scales(kb + 1, u_first + u, next_xs[u][0], next_xs[u][1]);
         next_ws = w_scale_row[kb + 1];
       }
-      const uint32_t copy = copy_base + static_cast<uint32_t>(kb % 2) * Shape::kCopyBytes;
+      const uint32_t copy = copy_base + static_cast<uint32_t>(kb & 1) * Shape::kCopyBytes;
       if constexpr (kScaled) {
 #pragma unroll
         for (int u = 0; u < kSubs; ++u) pin_registers(acc[u]);
@@ -1511,32 +1525,38 @@ __global__ void __launch_bounds__(128 * kWarpGroups) bmm_wgmma_f16_kernel(BmmA8W
       // Groups committed: kAhead + kb; with kAhead - 2 pending, block kb + 1 has landed.
       copy_async_wait<kAhead - 2>();
       __syncthreads();  // block kb + 1 visible; every warp group done with copy (kb + 1) % 2 and stage kb - 1
+      const int next_slot = slot + 1 == kStages ? 0 : slot + 1;
       if (kb + kAhead < k_blocks) {
-        issue_stage(kb + kAhead);
+        issue_stage(kb + kAhead, slot == 0 ? kStages - 1 : slot - 1);  // block kb - 1's slot (kAhead = kStages - 1)
       } else {
         copy_async_commit();
       }
-      convert_b(kb + 1);
+      convert_b(next_slot, static_cast<int>((kb + 1) & 1));
       fence_shared_writes_for_wgmma();
       if constexpr (kSubs == 1) {
-        load_block_a(kb + 1, 0, a_next[0]);
+        load_block_a(next_slot, 0, a_next[0]);
       } else {
         static_assert(kSubs == 2, "one or two slices a warp group");
         wgmma_wait<1>();  // slice 0's product done
-        load_block_a(kb + 1, 0, a_next[0]);
+        load_block_a(next_slot, 0, a_next[0]);
         wgmma_wait<0>();
-        load_block_a(kb + 1, 1, a_next[1]);
+        load_block_a(next_slot, 1, a_next[1]);
       }
       __syncthreads();  // copy (kb + 1) % 2 complete
     };
+    int slot = 0;
+    const auto advance = [&]() { slot = slot + 1 == kStages ? 0 : slot + 1; };
     for (int64_t kb = 0; kb < k_blocks; kb += 2) {
       if constexpr (kSubs == 1) {
-        step(kb, a_first, a_second);
-        if (kb + 1 < k_blocks) step(kb + 1, a_second, a_first);
+        step(kb, slot, a_first, a_second);
+        advance();
+        if (kb + 1 < k_blocks) step(kb + 1, slot, a_second, a_first);
       } else {
-        step(kb, a_first, a_first);
-        if (kb + 1 < k_blocks) step(kb + 1, a_first, a_first);
+        step(kb, slot, a_first, a_first);
+        advance();
+        if (kb + 1 < k_blocks) step(kb + 1, slot, a_first, a_first);
       }
+      advance();
     }
     wgmma_wait<0>();
 #pragma unroll
@@ -1645,13 +1665,13 @@ LaunchStatus launch_bmm_a8w8_mxscale(const BmmA8W8MxScaleArgs& args, void* strea
   // G = 16: 25 us against 92), else 64 x 64 tiles with at least 64 of them (M = 64, G = 8: 16 us against
   // 46). Up to M = 16, and with fewer tiles (M <= 64 at G <= 2), the split-K kernel keeps the lead (M = 16,
   // G = 8: 13.5 us against 16.7; M = 64, G = 1: 6.6 against 16.4).
-  // With fp32 sums, bmm_wgmma_f16_kernel where it beats the mma.sync kernels (H200, graph replay, same run):
-  // 256 x 128 tiles when at least 128 of them fill the GPU (G = 8: M = 4096 749 us against 869 for the 128 x
-  // 128 tiles, M = 16384 2879 against 3341; G = 1, M = 4096: 98.6 against 110.3), else the 128 x 128 tiles
-  // above M = 64 (G = 8, M = 256: 58.9 against 97.2 for the 256-row tiles; G = 1, M = 1024 38.4 against
-  // 90.6), the 64 x 128 tiles from 33 rows (G = 16, M = 64: 40.3) and the 64 x 64 tiles at 33..64 rows (G = 8,
-  // M = 64: 26.0; the mma.sync split-K kernel 36.5). With more rows the 64 x 64 tiles lose (G = 1, M = 256:
-  // 30 us against 18, measured on the f16 kernel before this one).
+  // With fp32 sums, bmm_wgmma_f16_kernel where it beats the mma.sync kernels (H200, graph replay): 256 x 128
+  // tiles when at least 128 of them fill the GPU, else the 128 x 128 tiles above M = 64, the 64 x 128 tiles
+  // from 33 rows and the 64 x 64 tiles at 33..64 rows. Chosen on a same-run comparison of an earlier build of
+  // the kernel (G = 8: M = 4096 749 us against 869 for the 128 x 128 tiles, M = 16384 2879 against 3341;
+  // G = 1, M = 4096 98.6 against 110.3; but G = 8, M = 256 58.9 against 97.2 for the 256-row tiles, G = 1,
+  // M = 1024 38.4 against 90.6; G = 8, M = 64 26.0 against 36.5 for the mma.sync split-K kernel). With more
+  // rows the 64 x 64 tiles lose (G = 1, M = 256: 30 us against 18, on the f16 kernel before this one).
   // (Grids of more than 65535 M tiles, M > 4M rows, take the kernels below, whose M tiles run along x.)
   // (OCP operands only: the FNUZ codes an OCP unit cannot hold are rewritten per fragment by the kernels below.)
   if (vector && args.x_format == Fp8Format::kOCP && args.w_format == Fp8Format::kOCP &&
