@@ -271,22 +271,24 @@ def test_bmm_every_code_of_both_encodings(x_dtype, w_dtype, m, misaligned, devic
 
 
 @gpu
-@pytest.mark.parametrize("m,groups", [(64, 8), (64, 16), (129, 8)])
+@pytest.mark.parametrize("m,groups", [(64, 8), (64, 16), (129, 8), (300, 16)])
 def test_gpu_bmm_every_code_through_the_exact_wgmma_tiles(m, groups):
-    """The same check at sizes whose fp32 block sums the sm_90a build serves with the f16 wgmma kernel (its
-    64 x 64, 64 x 128 and 128 x 128 tiles; OCP operands, whose bytes it converts to f16 itself)."""
+    """The same check at sizes whose fp32 sums the sm_90a build serves with the f16 wgmma kernel (its 64 x 64,
+    64 x 128, 128 x 128 and 256 x 128 tiles, the last with a partial second tile; OCP operands, whose bytes it
+    converts to f16 itself)."""
     check_every_code(torch.float8_e4m3fn, torch.float8_e4m3fn, m, groups, False, "cuda")
 
 
 @gpu
 @pytest.mark.parametrize("spread", [0, 15, 16, 60])
-@pytest.mark.parametrize("m,groups", [(64, 8), (64, 16), (129, 8)])
+@pytest.mark.parametrize("m,groups", [(64, 8), (64, 16), (129, 8), (300, 16)])
 def test_gpu_exact_wgmma_scales_in_f16_or_folded(spread, m, groups):
     """The f16 wgmma kernel's two forms for fp32 sums: where every row's block scales 2^(xs + ws - 254) lie
     within 2^15 of the row's largest (spread <= 15) it multiplies A by them in f16, down to f16's smallest
     subnormal for the smallest e4m3 code at the far end, and sums all of K in fp32; with a wider spread in a
-    block it folds each K block in fp32. Every finite code, each row's scales spanning exactly `spread`,
-    against fp64: within 2^-14 of the sum of the absolute scaled products, as check_every_code."""
+    block it folds each K block in fp32 (the 256 x 128 tiles, at 300 rows and 16 groups, one 64-row slice a
+    pass). Every finite code, each row's scales spanning exactly `spread`, against fp64: within 2^-14 of the
+    sum of the absolute scaled products, as check_every_code."""
     n, k = 1024, 512
     x = _random_codes((m, groups, k), torch.float8_e4m3fn, seed=spread + m)
     w = _random_codes((groups, n, k), torch.float8_e4m3fn, seed=spread + m + 1)
