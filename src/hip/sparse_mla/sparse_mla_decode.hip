@@ -146,24 +146,12 @@ struct Acc { float v[8]; };
 DSV4_DEVICE int acc_row(int lane, int r) { return lane / 4 + 8 * ((r % 4) / 2); }
 DSV4_DEVICE int acc_col(int lane, int r) { return 8 * (r / 4) + 2 * (lane % 4) + (r % 2); }
 
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 750
-// ldmatrix .x4 (no transpose): lane l gives the address of row l % 8 of 8x8 matrix l / 8 (the callers
-// place the four matrices); register i then holds matrix i's elements (row g, cols 2q, 2q+1). `row`
-// must point into shared memory, 16-byte aligned.
-DSV4_DEVICE void ldmatrix_x4(uint32_t (&r)[4], const uint16_t* row) {
-  const uint32_t address = shared_window_address(row);
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(address));
-}
-#endif
-
 // A from shared memory: matrices (rows 0..7 | 8..15) x (k 0..7 | 8..15), rows varying fastest: a0..a3.
 DSV4_DEVICE FragA load_a(const uint16_t* base, int ld, int lane) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 750
   const int matrix = lane / 8;
   FragA a;
-  ldmatrix_x4(a.r, base + (8 * (matrix % 2) + lane % 8) * ld + 8 * (matrix / 2));
+  ldmatrix_x4(a.r, shared_window_address(base + (8 * (matrix % 2) + lane % 8) * ld + 8 * (matrix / 2)));
   return a;
 #else
   const uint16_t* p = base + (lane / 4) * ld + 2 * (lane % 4);
@@ -177,7 +165,7 @@ DSV4_DEVICE FragB load_b_nmajor(const uint16_t* base, int ld, int lane) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 750
   const int matrix = lane / 8;
   FragB b;
-  ldmatrix_x4(b.r, base + (8 * (matrix / 2) + lane % 8) * ld + 8 * (matrix % 2));
+  ldmatrix_x4(b.r, shared_window_address(base + (8 * (matrix / 2) + lane % 8) * ld + 8 * (matrix % 2)));
   return b;
 #else
   const uint16_t* p = base + (lane / 4) * ld + 2 * (lane % 4);

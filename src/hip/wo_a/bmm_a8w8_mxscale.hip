@@ -925,6 +925,65 @@ struct WgmmaShape {
   static_assert(kChunks * 16 * kThreads == kStageBytes, "staging");
 };
 
+// A thread's 16-byte copies of one K block's stage in the wgmma kernels: copy j is chunk c = tid + j * threads,
+// row c / 8 of A (the first kBlockM rows: copies j < kACopies) or of B, 16-byte column c % 8, stored at column
+// (c % 8) ^ (row % 8) (the 128-byte swizzle). A thread's rows are all equal mod 8 (threads is a multiple of 64),
+// so its swizzle is one XOR for all its copies. Sources are addressed from two row pointers and their strides
+// (a pointer per copy would cost registers); copies of A at or past row M are zero-filled, not read.
+template <int kBlockM, int kThreads>
+struct StageCopies {
+  static constexpr int kRowsPerCopy = kThreads / 8;
+  static constexpr int kACopies = kBlockM / kRowsPerCopy;
+  static_assert(kBlockM % kRowsPerCopy == 0, "whole copies of A");
+  uint32_t offset;           // in the stage
+  const uint8_t* a_source;   // the thread's first row of A, K block 0
+  const uint8_t* b_source;   // and of B
+  int64_t a_step;            // bytes between its rows of A
+  int64_t b_step;            // and of B
+  int a_inside;              // its copies of A below row M
+
+  DSV4_DEVICE StageCopies(const BmmA8W8MxScaleArgs& args, int tid, int64_t m0, int64_t n0, int64_t group) {
+    offset = static_cast<uint32_t>(tid * 16) ^ static_cast<uint32_t>(((tid / 8) % 8) * 16);
+    const int64_t first_a_row = m0 + tid / 8;
+    a_source = args.x + first_a_row * args.x_stride_m + group * args.x_stride_g + (tid % 8) * 16;
+    b_source = args.w + group * args.w_stride_g + (n0 + tid / 8) * args.w_stride_n + (tid % 8) * 16;
+    a_step = kRowsPerCopy * args.x_stride_m;
+    b_step = kRowsPerCopy * args.w_stride_n;
+    const int64_t rows_left = args.m - first_a_row;
+    a_inside = rows_left <= 0 ? 0
+                              : static_cast<int>(rows_left >= kACopies * kRowsPerCopy
+                                                     ? kACopies
+                                                     : (rows_left + kRowsPerCopy - 1) / kRowsPerCopy);
+  }
+};
+
+// sum[i] += product[i] * 2^(xs + ws - 254 + shift) through block_scale's two exact factors (any bytes: subnormal
+// and overflowing factors, the E8M0 NaN), xs the row's byte: xs_lo for entries i % 4 < 2, xs_hi for the others.
+template <int kAcc>
+DSV4_DEVICE void fold_with_two_factors(const float (&product)[kAcc], float (&sum)[kAcc], uint32_t xs_lo,
+                                       uint32_t xs_hi, uint32_t ws, int shift) {
+  const BlockScale f_lo = block_scale(xs_lo, ws, shift);
+  const BlockScale f_hi = block_scale(xs_hi, ws, shift);
+#pragma unroll
+  for (int i = 0; i < kAcc; ++i) {
+    const BlockScale& f = (i % 4) < 2 ? f_lo : f_hi;
+    sum[i] += (product[i] * f.f1) * f.f2;
+  }
+}
+
+// Two adjacent outputs (a fragment's entries i, i + 1) at `offset` of out, fp32 or bf16.
+DSV4_DEVICE void store_output_pair(const BmmA8W8MxScaleArgs& args, int64_t offset, float v0, float v1) {
+  if (args.out_fp32) {
+    float* out = static_cast<float*>(args.out) + offset;
+    out[0] = v0;
+    out[1] = v1;
+  } else {
+    uint16_t* out = static_cast<uint16_t*>(args.out) + offset;
+    out[0] = float_to_bf16_bits(v0);
+    out[1] = float_to_bf16_bits(v1);
+  }
+}
+
 template <int kWarpGroups, int kBlockN, int kStages>
 constexpr size_t wgmma_shared_bytes() {
   return static_cast<size_t>(kStages) * WgmmaShape<kWarpGroups, kBlockN>::kStageBytes + 1024;  // + alignment
@@ -948,27 +1007,10 @@ __global__ void __launch_bounds__(128 * kWarpGroups) bmm_wgmma_kernel(BmmA8W8MxS
   const int64_t k_blocks = args.k / kBlockK;
   const int shift = encoding_shift(args);
 
-  // Copy j of a stage is chunk c = tid + j * threads: row c / 8 of A (the first kBlockM rows: copies
-  // j < kACopies) or of B, 16-byte column c % 8. A thread's rows are all equal mod 8 (threads is a multiple
-  // of 64), so its swizzle is one XOR for all its copies. Sources are addressed from two row pointers and
-  // their strides (a pointer per copy would cost registers).
-  constexpr int kRowsPerCopy = Shape::kThreads / 8;
-  constexpr int kACopies = Shape::kBlockM / kRowsPerCopy;
-  static_assert(Shape::kBlockM % kRowsPerCopy == 0 && kACopies < Shape::kChunks, "copies of A, then of B");
-  const uint32_t copy_offset = static_cast<uint32_t>(tid * 16) ^ static_cast<uint32_t>(((tid / 8) % 8) * 16);
-  const int64_t first_a_row = m0 + tid / 8;
-  const uint8_t* a_source = args.x + first_a_row * args.x_stride_m + group * args.x_stride_g + (tid % 8) * 16;
-  const uint8_t* b_source =
-      args.w + group * args.w_stride_g + (n0 + tid / 8) * args.w_stride_n + (tid % 8) * 16;
-  const int64_t a_copy_step = kRowsPerCopy * args.x_stride_m;
-  const int64_t b_copy_step = kRowsPerCopy * args.w_stride_n;
-  // This thread's A copies below row M (the rest are zero-filled, not read), counted once.
-  const int64_t rows_left = args.m - first_a_row;
-  const int a_copies_inside =
-      rows_left <= 0 ? 0
-                     : static_cast<int>(rows_left >= kACopies * kRowsPerCopy
-                                            ? kACopies
-                                            : (rows_left + kRowsPerCopy - 1) / kRowsPerCopy);
+  using Copies = StageCopies<Shape::kBlockM, Shape::kThreads>;
+  constexpr int kACopies = Copies::kACopies;
+  static_assert(kACopies < Shape::kChunks, "copies of A, then of B");
+  const Copies copies(args, tid, m0, n0, group);
   // The 64 x 64 tiles of a group (16 for N = 1024) share their A rows: each starts at its own K block and
   // wraps around, so that at any moment they read different A lines instead of all asking the L2 for the
   // same ones. H200, graph replay, same run: G = 8, M = 64 15.1 us against 15.7-16.0; M = 32 13.3 against
@@ -981,22 +1023,22 @@ __global__ void __launch_bounds__(128 * kWarpGroups) bmm_wgmma_kernel(BmmA8W8MxS
     return rotated < k_blocks ? rotated : rotated - k_blocks;
   };
   const auto issue_stage = [&](int64_t kb) {
-    const uint32_t stage = shared_base + static_cast<uint32_t>(kb % kStages) * Shape::kStageBytes + copy_offset;
+    const uint32_t stage = shared_base + static_cast<uint32_t>(kb % kStages) * Shape::kStageBytes + copies.offset;
     const int64_t source = source_block(kb);
-    const uint8_t* a_block = a_source + source * kBlockK;
+    const uint8_t* a_block = copies.a_source + source * kBlockK;
 #pragma unroll
     for (int j = 0; j < Shape::kChunks; ++j) {
       const uint32_t target = stage + j * Shape::kThreads * 16;
       if (j < kACopies) {
-        const bool inside = j < a_copies_inside;
-        copy_async_16_or_zeros(target, inside ? a_block + j * a_copy_step : args.x, inside);
+        const bool inside = j < copies.a_inside;
+        copy_async_16_or_zeros(target, inside ? a_block + j * copies.a_step : args.x, inside);
       } else {
         // One warp group a block: small M, each weight tile read by one block (the hint gained 0-2% there
         // on the H200); the 128-row tiles re-read it from the device-wide cache (2% slower with the hint).
         if constexpr (kWarpGroups == 1) {
-          copy_async_16_stream(target, b_source + (j - kACopies) * b_copy_step + source * kBlockK);
+          copy_async_16_stream(target, copies.b_source + (j - kACopies) * copies.b_step + source * kBlockK);
         } else {
-          copy_async_16(target, b_source + (j - kACopies) * b_copy_step + source * kBlockK);
+          copy_async_16(target, copies.b_source + (j - kACopies) * copies.b_step + source * kBlockK);
         }
       }
     }
@@ -1037,13 +1079,7 @@ __global__ void __launch_bounds__(128 * kWarpGroups) bmm_wgmma_kernel(BmmA8W8MxS
       for (int i = 0; i < kAcc; ++i) sum[i] = fmaf(product[i], (i % 4) < 2 ? f_lo : f_hi, sum[i]);
       return;
     }
-    const BlockScale f_lo = block_scale(xs_lo, ws, shift);
-    const BlockScale f_hi = block_scale(xs_hi, ws, shift);
-#pragma unroll
-    for (int i = 0; i < kAcc; ++i) {
-      const BlockScale& f = (i % 4) < 2 ? f_lo : f_hi;
-      sum[i] += (product[i] * f.f1) * f.f2;
-    }
+    fold_with_two_factors(product, sum, xs_lo, xs_hi, ws, shift);
   };
 
   float acc[kAcc];
@@ -1128,15 +1164,7 @@ __global__ void __launch_bounds__(128 * kWarpGroups) bmm_wgmma_kernel(BmmA8W8MxS
     const int64_t m = (i % 4) < 2 ? row_lo : row_hi;
     if (m >= args.m) continue;
     const int64_t offset = m * args.out_stride_m + group * args.out_stride_g + n0 + 8 * (i / 4) + 2 * (lane % 4);
-    if (args.out_fp32) {
-      float* out = static_cast<float*>(args.out) + offset;
-      out[0] = acc[i];
-      out[1] = acc[i + 1];
-    } else {
-      uint16_t* out = static_cast<uint16_t*>(args.out) + offset;
-      out[0] = float_to_bf16_bits(acc[i]);
-      out[1] = float_to_bf16_bits(acc[i + 1]);
-    }
+    store_output_pair(args, offset, acc[i], acc[i + 1]);
   }
 #else
   (void)args;
@@ -1180,14 +1208,6 @@ constexpr size_t wgmma_f16_shared_bytes() {
   return static_cast<size_t>(kStages) * Shape::kStageBytes + 2 * Shape::kCopyBytes + 1024;  // + alignment
 }
 
-// ldmatrix .x4 from a shared-window address: lane l gives the address of row l % 8 of 8x8 matrix l / 8; each
-// lane receives, per matrix, the 4 bytes at 4 (lane % 4) of row lane / 4.
-DSV4_DEVICE void ldmatrix_x4_shared(uint32_t (&r)[4], uint32_t address) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(address));
-}
-
 // 2^-d in both halves of an f16 pair, d in [0, 15] (2^-15 is subnormal).
 DSV4_DEVICE uint32_t f16x2_inverse_power_of_two(int d) {
   const uint32_t half = d <= 14 ? static_cast<uint32_t>(15 - d) << 10 : 0x0200u;
@@ -1222,41 +1242,30 @@ __global__ void __launch_bounds__(128 * kWarpGroups) bmm_wgmma_f16_kernel(BmmA8W
   const int64_t k_blocks = args.k / kBlockK;
   const int shift = encoding_shift(args);
 
-  // Staging: copy j of a stage is chunk c = tid + j * threads, row c / 8 of A (copies j < kACopies) or of B,
-  // 16-byte column c % 8, stored at column (c % 8) ^ (row % 8) (a thread's rows are equal mod 8).
-  constexpr int kRowsPerCopy = Shape::kThreads / 8;
-  constexpr int kACopies = Shape::kBlockM / kRowsPerCopy;
-  const uint32_t copy_offset = static_cast<uint32_t>(tid * 16) ^ static_cast<uint32_t>(((tid / 8) % 8) * 16);
-  const int64_t first_a_row = m0 + tid / 8;
-  const uint8_t* a_source = args.x + first_a_row * args.x_stride_m + group * args.x_stride_g + (tid % 8) * 16;
-  const uint8_t* b_source = args.w + group * args.w_stride_g + (n0 + tid / 8) * args.w_stride_n + (tid % 8) * 16;
-  const int64_t a_copy_step = kRowsPerCopy * args.x_stride_m;
-  const int64_t b_copy_step = kRowsPerCopy * args.w_stride_n;
-  const int64_t rows_left = args.m - first_a_row;
-  const int a_copies_inside =
-      rows_left <= 0 ? 0
-                     : static_cast<int>(rows_left >= kACopies * kRowsPerCopy
-                                            ? kACopies
-                                            : (rows_left + kRowsPerCopy - 1) / kRowsPerCopy);
+  // Staging as in bmm_wgmma_kernel (StageCopies).
+  using Copies = StageCopies<Shape::kBlockM, Shape::kThreads>;
+  constexpr int kRowsPerCopy = Copies::kRowsPerCopy;
+  constexpr int kACopies = Copies::kACopies;
+  const Copies copies(args, tid, m0, n0, group);
   // Stage buffers go by slot (kb % kStages, kept by the callers: a 64-bit modulo per use would cost more).
   // The sources walk by integer steps (the copies past row M read nothing: their addresses are never used).
   const auto issue_stage = [&](int64_t kb, int slot) {
-    const uint32_t stage = shared_base + static_cast<uint32_t>(slot) * Shape::kStageBytes + copy_offset;
-    uint64_t a_address = reinterpret_cast<uint64_t>(a_source) + static_cast<uint64_t>(kb * kBlockK);
-    uint64_t b_address = reinterpret_cast<uint64_t>(b_source) + static_cast<uint64_t>(kb * kBlockK);
+    const uint32_t stage = shared_base + static_cast<uint32_t>(slot) * Shape::kStageBytes + copies.offset;
+    uint64_t a_address = reinterpret_cast<uint64_t>(copies.a_source) + static_cast<uint64_t>(kb * kBlockK);
+    uint64_t b_address = reinterpret_cast<uint64_t>(copies.b_source) + static_cast<uint64_t>(kb * kBlockK);
 #pragma unroll
     for (int j = 0; j < Shape::kChunks; ++j) {
       const uint32_t target = stage + j * Shape::kThreads * 16;
       if (j < kACopies) {
-        copy_async_16_or_zeros(target, reinterpret_cast<const void*>(a_address), j < a_copies_inside);
-        a_address += static_cast<uint64_t>(a_copy_step);
+        copy_async_16_or_zeros(target, reinterpret_cast<const void*>(a_address), j < copies.a_inside);
+        a_address += static_cast<uint64_t>(copies.a_step);
       } else {
         if constexpr (kWarpGroups * kSubTiles == 1) {
           copy_async_16_stream(target, reinterpret_cast<const void*>(b_address));
         } else {
           copy_async_16(target, reinterpret_cast<const void*>(b_address));
         }
-        b_address += static_cast<uint64_t>(b_copy_step);
+        b_address += static_cast<uint64_t>(copies.b_step);
       }
     }
     copy_async_commit();
@@ -1364,7 +1373,7 @@ __global__ void __launch_bounds__(128 * kWarpGroups) bmm_wgmma_f16_kernel(BmmA8W
     for (int p = 0; p < kSteps / 2; ++p) {
       const int chunk = 2 * p + lane / 16;
       uint32_t words[4];
-      ldmatrix_x4_shared(words, stage + static_cast<uint32_t>((chunk ^ (lane % 8)) * 16));  // row % 8 = lane % 8
+      ldmatrix_x4(words, stage + static_cast<uint32_t>((chunk ^ (lane % 8)) * 16));  // row % 8 = lane % 8
 #pragma unroll
       for (int q = 0; q < 2; ++q) {
         uint32_t (&f)[4] = a[2 * p + q];
@@ -1395,17 +1404,6 @@ __global__ void __launch_bounds__(128 * kWarpGroups) bmm_wgmma_f16_kernel(BmmA8W
     }
   };
 
-  // The fold of one K block's product (the per-block form).
-  const auto fold = [&](float (&product)[kAcc], float (&sum)[kAcc], uint32_t xs_lo, uint32_t xs_hi, uint32_t ws) {
-    const BlockScale f_lo = block_scale(xs_lo, ws, shift);
-    const BlockScale f_hi = block_scale(xs_hi, ws, shift);
-#pragma unroll
-    for (int i = 0; i < kAcc; ++i) {
-      const BlockScale& f = (i % 4) < 2 ? f_lo : f_hi;
-      sum[i] += (product[i] * f.f1) * f.f2;
-    }
-  };
-
   // Slice u's sums to out, times 2^(top - 254 + shift) per row when they carry the rows' largest scales (as two
   // exact factors). Fragment entry i: row row(u) + 8 * ((i / 2) % 2), column 8 * (i / 4) + 2 * (lane % 4) + i % 2.
   const auto store = [&](int u, const float (&sums)[kAcc], bool scaled) {
@@ -1422,18 +1420,9 @@ __global__ void __launch_bounds__(128 * kWarpGroups) bmm_wgmma_f16_kernel(BmmA8W
       const int h = (i / 2) % 2;
       const int64_t m = slice_row(u) + 8 * h;
       if (m >= args.m) continue;
-      const float v0 = (sums[i] * factors[h].f1) * factors[h].f2;
-      const float v1 = (sums[i + 1] * factors[h].f1) * factors[h].f2;
       const int64_t offset = m * args.out_stride_m + group * args.out_stride_g + n0 + 8 * (i / 4) + 2 * (lane % 4);
-      if (args.out_fp32) {
-        float* out = static_cast<float*>(args.out) + offset;
-        out[0] = v0;
-        out[1] = v1;
-      } else {
-        uint16_t* out = static_cast<uint16_t*>(args.out) + offset;
-        out[0] = float_to_bf16_bits(v0);
-        out[1] = float_to_bf16_bits(v1);
-      }
+      store_output_pair(args, offset, (sums[i] * factors[h].f1) * factors[h].f2,
+                        (sums[i + 1] * factors[h].f1) * factors[h].f2);
     }
   };
 
@@ -1511,7 +1500,7 @@ __global__ void __launch_bounds__(128 * kWarpGroups) bmm_wgmma_f16_kernel(BmmA8W
       if constexpr (!kScaled) {
         wgmma_wait<0>();
         pin_registers(product);
-        fold(product, acc[0], xs[0][0], xs[0][1], ws);
+        fold_with_two_factors(product, acc[0], xs[0][0], xs[0][1], ws, shift);
       } else if constexpr (kSubs == 1) {
         wgmma_wait<1>();  // block kb - 1's product done: its A registers (a_next) and B copy are free
       }

@@ -43,6 +43,16 @@ template <int kPending>
 DSV4_DEVICE void copy_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
 }
+#if __CUDA_ARCH__ >= 750
+// ldmatrix .x4 (no transpose) from a shared-window address: lane l gives the address of row l % 8 of 8x8 matrix
+// l / 8 (16-byte rows, 16-byte aligned; the callers place the four matrices); register i then holds matrix i's
+// row lane / 4, b16 elements 2 (lane % 4) and + 1.
+DSV4_DEVICE void ldmatrix_x4(uint32_t (&r)[4], uint32_t shared_address) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(shared_address));
+}
+#endif
 #else
 // The host pass parses the kernels that call these; it never runs them.
 DSV4_DEVICE void copy_async_16(uint32_t, const void*) {}
