@@ -1297,26 +1297,44 @@ __global__ void __launch_bounds__(128 * kWarpGroups) bmm_wgmma_f16_kernel(BmmA8W
   };
   issue_first_stages();
 
-  // The rows' largest block exponents xs + ws over K, and whether every block lies within 2^15 of them.
+  // The rows' largest block exponents xs + ws over K, and whether every block lies within 2^15 of them. The 4
+  // lanes that hold the same rows (lane / 4) read every 4th K block each, 4 of them in flight (this scan runs
+  // before the first multiply, with nothing else to hide its loads), and combine their extremes.
   int top[kSubTiles][2];
+  int bottom[kSubTiles][2];
   bool within = true;
 #pragma unroll
   for (int u = 0; u < kSubTiles; ++u) {
-    int bottom[2] = {1 << 20, 1 << 20};
     top[u][0] = top[u][1] = 0;
-    for (int64_t kb = 0; kb < k_blocks; ++kb) {
+    bottom[u][0] = bottom[u][1] = 1 << 20;
+  }
+#pragma unroll 4
+  for (int64_t kb = lane % 4; kb < k_blocks; kb += 4) {
+    const uint32_t ws = w_scale_row[kb];
+#pragma unroll
+    for (int u = 0; u < kSubTiles; ++u) {
       uint32_t xs[2];
       load_scales(kb, u, xs[0], xs[1]);
-      const uint32_t ws = w_scale_row[kb];
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         within = within && xs[h] != kUe8m0NaN && ws != kUe8m0NaN;
         const int e = static_cast<int>(xs[h] + ws);
         top[u][h] = max(top[u][h], e);
-        bottom[h] = min(bottom[h], e);
+        bottom[u][h] = min(bottom[u][h], e);
       }
     }
-    within = within && top[u][0] - bottom[0] <= 15 && top[u][1] - bottom[1] <= 15;
+  }
+#pragma unroll
+  for (int u = 0; u < kSubTiles; ++u) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+#pragma unroll
+      for (int distance = 1; distance < 4; distance *= 2) {
+        top[u][h] = max(top[u][h], __shfl_xor_sync(0xffffffffu, top[u][h], distance));
+        bottom[u][h] = min(bottom[u][h], __shfl_xor_sync(0xffffffffu, bottom[u][h], distance));
+      }
+      within = within && top[u][h] - bottom[u][h] <= 15;
+    }
   }
   const bool scaled_in_f16 = __syncthreads_and(within) != 0;
 
@@ -1426,90 +1444,72 @@ __global__ void __launch_bounds__(128 * kWarpGroups) bmm_wgmma_f16_kernel(BmmA8W
     }
   };
 
-  // One pass over K for kSubs slices from u_first: all of them at once in the scaled form; one at a time in
-  // the per-block form, whose product and fold need the registers.
-  const auto pass = [&](auto scaled_tag, int u_first, bool first_stages_issued) {
+  // One pass over K for slice u, A double-buffered (the next block's A loaded while the block multiplies): the
+  // scaled form where a warp group has one slice; the per-block form, whose product and fold need the registers,
+  // one slice a pass.
+  const auto pass = [&](auto scaled_tag, int u, bool first_stages_issued) {
     constexpr bool kScaled = decltype(scaled_tag)::value;
-    constexpr int kSubs = kScaled ? kSubTiles : 1;
-    float acc[kSubs][kAcc];
+    float acc[kAcc];
     float product[kScaled ? 1 : kAcc];
 #pragma unroll
-    for (int u = 0; u < kSubs; ++u) {
-#pragma unroll
-      for (int i = 0; i < kAcc; ++i) acc[u][i] = 0.0f;
-    }
-    // A of the block being multiplied, and of the next. One slice: two buffers, the next loaded while the
-    // block multiplies. Two slices: one buffer each, slice u's next loaded once its product is done.
-    AFragments a_first[kSubs], a_second[1];  // a_second: one slice only
-    uint32_t xs[kSubs][2] = {}, ws = 127u;  // the scale bytes of the block multiplied next
-    const auto factor = [&](int u, int h) {
-      return f16x2_inverse_power_of_two(top[u_first + u][h] - static_cast<int>(xs[u][h] + ws));
-    };
-    const auto load_block_a = [&](int slot, int u, AFragments& a) {
+    for (int i = 0; i < kAcc; ++i) acc[i] = 0.0f;
+    AFragments a_first, a_second;
+    uint32_t xs[2] = {}, ws = 127u;  // the scale bytes of the block multiplied next
+    const auto load_block_a = [&](int slot, AFragments& a) {
       if constexpr (kScaled) {
-        load_a(slot, u_first + u, a, factor(u, 0), factor(u, 1), true);
+        const auto factor = [&](int h) {
+          return f16x2_inverse_power_of_two(top[u][h] - static_cast<int>(xs[h] + ws));
+        };
+        load_a(slot, u, a, factor(0), factor(1), true);
       } else {
-        load_a(slot, u_first + u, a, 0u, 0u, false);
+        load_a(slot, u, a, 0u, 0u, false);
       }
-    };
-    const auto load_block_scales = [&](int64_t kb) {
-#pragma unroll
-      for (int u = 0; u < kSubs; ++u) load_scales(kb, u_first + u, xs[u][0], xs[u][1]);
-      ws = w_scale_row[kb];
     };
 
     if (!first_stages_issued) {
       __syncthreads();  // the previous pass is done with the shared buffers
       issue_first_stages();
     }
-    load_block_scales(0);
+    load_scales(0, u, xs[0], xs[1]);
+    ws = w_scale_row[0];
     copy_async_wait<kAhead - 1>();
     __syncthreads();
     convert_b(0, 0);
     fence_shared_writes_for_wgmma();
-#pragma unroll
-    for (int u = 0; u < kSubs; ++u) load_block_a(0, u, a_first[u]);  // block 0: slot 0
+    load_block_a(0, a_first);  // block 0: slot 0
     __syncthreads();
 
     // K block kb, in stage `slot`.
-    const auto step = [&](int64_t kb, int slot, AFragments (&a)[kSubs], AFragments (&a_next)[kSubs]) {
+    const auto step = [&](int64_t kb, int slot, AFragments& a, AFragments& a_next) {
       const bool more = kb + 1 < k_blocks;
-      uint32_t next_xs[kSubs][2], next_ws = 127u;
+      uint32_t next_xs[2], next_ws = 127u;
       if (more) {
-#pragma unroll
-        for (int u = 0; u < kSubs; ++u) load_scales(kb + 1, u_first + u, next_xs[u][0], next_xs[u][1]);
+        load_scales(kb + 1, u, next_xs[0], next_xs[1]);
         next_ws = w_scale_row[kb + 1];
       }
       const uint32_t copy = copy_base + static_cast<uint32_t>(kb & 1) * Shape::kCopyBytes;
       if constexpr (kScaled) {
-#pragma unroll
-        for (int u = 0; u < kSubs; ++u) pin_registers(acc[u]);
+        pin_registers(acc);
       } else {
         pin_registers(product);
       }
       wgmma_fence();
-#pragma unroll
-      for (int u = 0; u < kSubs; ++u) {
-        if constexpr (kScaled) {
-          multiply(acc[u], a[u], copy, kb > 0);
-        } else {
-          multiply(product, a[u], copy, false);
-        }
-        wgmma_commit();
+      if constexpr (kScaled) {
+        multiply(acc, a, copy, kb > 0);
+      } else {
+        multiply(product, a, copy, false);
       }
+      wgmma_commit();
       if constexpr (!kScaled) {
         wgmma_wait<0>();
         pin_registers(product);
-        fold_with_two_factors(product, acc[0], xs[0][0], xs[0][1], ws, shift);
-      } else if constexpr (kSubs == 1) {
+        fold_with_two_factors(product, acc, xs[0], xs[1], ws, shift);
+      } else {
         wgmma_wait<1>();  // block kb - 1's product done: its A registers (a_next) and B copy are free
       }
       if (!more) return;
-#pragma unroll
-      for (int u = 0; u < kSubs; ++u) {
-        xs[u][0] = next_xs[u][0];
-        xs[u][1] = next_xs[u][1];
-      }
+      xs[0] = next_xs[0];
+      xs[1] = next_xs[1];
       ws = next_ws;
       // Groups committed: kAhead + kb; with kAhead - 2 pending, block kb + 1 has landed.
       copy_async_wait<kAhead - 2>();
@@ -1522,41 +1522,104 @@ __global__ void __launch_bounds__(128 * kWarpGroups) bmm_wgmma_f16_kernel(BmmA8W
       }
       convert_b(next_slot, static_cast<int>((kb + 1) & 1));
       fence_shared_writes_for_wgmma();
-      if constexpr (kSubs == 1) {
-        load_block_a(next_slot, 0, a_next[0]);
-      } else {
-        static_assert(kSubs == 2, "one or two slices a warp group");
-        wgmma_wait<1>();  // slice 0's product done
-        load_block_a(next_slot, 0, a_next[0]);
-        wgmma_wait<0>();
-        load_block_a(next_slot, 1, a_next[1]);
-      }
+      load_block_a(next_slot, a_next);
       __syncthreads();  // copy (kb + 1) % 2 complete
     };
     int slot = 0;
     const auto advance = [&]() { slot = slot + 1 == kStages ? 0 : slot + 1; };
     for (int64_t kb = 0; kb < k_blocks; kb += 2) {
-      if constexpr (kSubs == 1) {
-        step(kb, slot, a_first, a_second);
-        advance();
-        if (kb + 1 < k_blocks) step(kb + 1, slot, a_second, a_first);
-      } else {
-        step(kb, slot, a_first, a_first);
-        advance();
-        if (kb + 1 < k_blocks) step(kb + 1, slot, a_first, a_first);
-      }
+      step(kb, slot, a_first, a_second);
+      advance();
+      if (kb + 1 < k_blocks) step(kb + 1, slot, a_second, a_first);
       advance();
     }
     wgmma_wait<0>();
+    pin_registers(acc);
+    store(u, acc, kScaled);
+    copy_async_wait<0>();
+  };
+  // The scaled form with two slices a warp group, the slices' multiplies interleaved: slice 0's of block kb is
+  // issued while slice 1's of block kb - 1 runs, and each slice's A of its next block is loaded while the other
+  // slice's multiply runs, so that the unit always has the next multiply queued.
+  const auto pass_interleaved = [&]() {
+    float acc[2][kAcc];
 #pragma unroll
-    for (int u = 0; u < kSubs; ++u) {
+    for (int u = 0; u < 2; ++u) {
+#pragma unroll
+      for (int i = 0; i < kAcc; ++i) acc[u][i] = 0.0f;
+    }
+    AFragments a[2];
+    uint32_t xs[2][2] = {}, ws[2] = {127u, 127u};  // slice u's scale bytes for its next A load
+    const auto fetch_scales = [&](int u, int64_t kb) {
+      if (kb < k_blocks) {
+        load_scales(kb, u, xs[u][0], xs[u][1]);
+        ws[u] = w_scale_row[kb];
+      }
+    };
+    const auto load_slice_a = [&](int slot, int u) {
+      const auto factor = [&](int h) {
+        return f16x2_inverse_power_of_two(top[u][h] - static_cast<int>(xs[u][h] + ws[u]));
+      };
+      load_a(slot, u, a[u], factor(0), factor(1), true);
+    };
+    fetch_scales(0, 0);
+    fetch_scales(1, 0);
+    copy_async_wait<kAhead - 1>();
+    __syncthreads();
+    convert_b(0, 0);
+    fence_shared_writes_for_wgmma();
+    load_slice_a(0, 0);
+    fetch_scales(0, 1);
+    __syncthreads();
+    int slot = 0;  // block kb's stage
+    for (int64_t kb = 0; kb < k_blocks; ++kb) {
+      // Here: slice 0's A of block kb loaded, B's copy kb % 2 complete, slice 1's multiply of kb - 1 running.
+      const uint32_t copy = copy_base + static_cast<uint32_t>(kb & 1) * Shape::kCopyBytes;
+      pin_registers(acc[0]);
+      wgmma_fence();
+      multiply(acc[0], a[0], copy, kb > 0);
+      wgmma_commit();
+      wgmma_wait<1>();  // slice 1's multiply of kb - 1 done: its A registers are free
+      pin_registers(acc[1]);
+      load_slice_a(slot, 1);
+      fetch_scales(1, kb + 1);
+      wgmma_fence();
+      multiply(acc[1], a[1], copy, kb > 0);
+      wgmma_commit();
+      if (kb + 1 == k_blocks) break;
+      // Groups committed: kAhead + kb; with kAhead - 2 pending, block kb + 1 has landed.
+      copy_async_wait<kAhead - 2>();
+      __syncthreads();  // block kb + 1 visible; every warp group done with copy (kb + 1) % 2 and stage kb - 1
+      const int next_slot = slot + 1 == kStages ? 0 : slot + 1;
+      convert_b(next_slot, static_cast<int>((kb + 1) & 1));
+      fence_shared_writes_for_wgmma();
+      // Issued after the conversion, whose fence would otherwise wait on the copies' address registers.
+      if (kb + kAhead < k_blocks) {
+        issue_stage(kb + kAhead, slot == 0 ? kStages - 1 : slot - 1);  // block kb - 1's slot (kAhead = kStages - 1)
+      } else {
+        copy_async_commit();
+      }
+      __syncthreads();  // copy (kb + 1) % 2 complete
+      wgmma_wait<1>();  // slice 0's multiply of kb done (each warp group loads its A past the barrier on its own)
+      pin_registers(acc[0]);
+      load_slice_a(next_slot, 0);
+      fetch_scales(0, kb + 2);
+      slot = next_slot;
+    }
+    wgmma_wait<0>();
+#pragma unroll
+    for (int u = 0; u < 2; ++u) {
       pin_registers(acc[u]);
-      store(u_first + u, acc[u], kScaled);
+      store(u, acc[u], true);
     }
     copy_async_wait<0>();
   };
   if (scaled_in_f16) {
-    pass(std::true_type{}, 0, true);
+    if constexpr (kSubTiles == 2) {
+      pass_interleaved();
+    } else {
+      pass(std::true_type{}, 0, true);
+    }
   } else {
     for (int u = 0; u < kSubTiles; ++u) pass(std::false_type{}, u, u == 0);
   }
