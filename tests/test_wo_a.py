@@ -306,6 +306,28 @@ def test_gpu_exact_wgmma_scales_in_f16_or_folded(spread, m, groups):
     assert bool(((got.double() - want).abs() <= absolute * 2.0**-14).all())
 
 
+@gpu
+@pytest.mark.parametrize("spread", [4, 40])
+@pytest.mark.parametrize("k_blocks", [1, 2, 3, 5])
+@pytest.mark.parametrize("m,groups", [(129, 8), (300, 16)])
+def test_gpu_exact_wgmma_k_block_counts(k_blocks, spread, m, groups):
+    """K depths of 1, 2, 3 and 5 blocks through the f16 wgmma kernel's 128 x 128 and 256 x 128 tiles, both
+    forms (spread 4: scales in f16; 40: per-block fold): the 256 x 128 tiles' two slices take turns block by
+    block (a last block with slice 1's turn alone), and the scale scan splits K over 4 lanes (lanes with no
+    block when K has fewer than 4). Against fp64 within 2^-14 of the sum of the absolute scaled products."""
+    n, k = 1024, 128 * k_blocks
+    x = _random_codes((m, groups, k), torch.float8_e4m3fn, seed=k_blocks + m)
+    w = _random_codes((groups, n, k), torch.float8_e4m3fn, seed=k_blocks + m + 1)
+    g = torch.Generator().manual_seed(k_blocks + spread)
+    x_scale = torch.randint(110, 110 + spread, (m, groups, k_blocks), generator=g).to(torch.uint8)
+    w_scale = torch.randint(120, 124, (groups, n // 128, k_blocks), generator=g).to(torch.uint8)
+    want = reference.bmm_a8w8_mxscale(x, w, x_scale, w_scale, torch.float64)
+    absolute = reference.bmm_a8w8_mxscale(_magnitudes(x), _magnitudes(w), x_scale, w_scale, torch.float64)
+    got = torch.ops.dsv4.bmm_a8w8_mxscale(x.cuda(), w.cuda(), x_scale.cuda(), w_scale.cuda(), torch.float32).cpu()
+    assert bool(torch.isfinite(got).all())
+    assert bool(((got.double() - want).abs() <= absolute * 2.0**-14).all())
+
+
 def check_every_code(x_dtype, w_dtype, m, groups, misaligned, device):
     n, k = 1024, 512
     x = _random_codes((m, groups, k), x_dtype, seed=m)
