@@ -971,6 +971,7 @@ DSV4_DEVICE void fold_with_two_factors(const float (&product)[kAcc], float (&sum
   }
 }
 
+#if defined(DSV4_WGMMA)  // (used by the wgmma kernels' bodies, which exist in sm_90a device passes only)
 // Two adjacent outputs (a fragment's entries i, i + 1) at `offset` of out, fp32 or bf16.
 DSV4_DEVICE void store_output_pair(const BmmA8W8MxScaleArgs& args, int64_t offset, float v0, float v1) {
   if (args.out_fp32) {
@@ -983,6 +984,7 @@ DSV4_DEVICE void store_output_pair(const BmmA8W8MxScaleArgs& args, int64_t offse
     out[1] = float_to_bf16_bits(v1);
   }
 }
+#endif  // DSV4_WGMMA
 
 template <int kWarpGroups, int kBlockN, int kStages>
 constexpr size_t wgmma_shared_bytes() {
@@ -1208,6 +1210,7 @@ constexpr size_t wgmma_f16_shared_bytes() {
   return static_cast<size_t>(kStages) * Shape::kStageBytes + 2 * Shape::kCopyBytes + 1024;  // + alignment
 }
 
+#if defined(DSV4_WGMMA)  // (helpers of the kernel below, whose body exists in sm_90a device passes only)
 // 2^-d in both halves of an f16 pair, d in [0, 15] (2^-15 is subnormal).
 DSV4_DEVICE uint32_t f16x2_inverse_power_of_two(int d) {
   const uint32_t half = d <= 14 ? static_cast<uint32_t>(15 - d) << 10 : 0x0200u;
@@ -1219,6 +1222,7 @@ DSV4_DEVICE uint32_t f16x2_multiply(uint32_t a, uint32_t b) {
   asm("mul.rn.f16x2 %0, %1, %2;\n" : "=r"(product) : "r"(a), "r"(b));
   return product;
 }
+#endif  // DSV4_WGMMA
 
 template <int kWarpGroups, int kSubTiles, int kBlockN, int kStages>
 __global__ void __launch_bounds__(128 * kWarpGroups) bmm_wgmma_f16_kernel(BmmA8W8MxScaleArgs args) {
