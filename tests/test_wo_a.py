@@ -279,6 +279,17 @@ def test_gpu_bmm_every_code_through_the_exact_wgmma_tiles(m, groups):
     check_every_code(torch.float8_e4m3fn, torch.float8_e4m3fn, m, groups, False, "cuda")
 
 
+def assert_fp32_sums_on_device(x, w, x_scale, w_scale, device):
+    """The kernel's fp32 output on `device` against fp64: finite, and within 2^-14 of the sum of the absolute
+    scaled products (as check_every_code)."""
+    want = reference.bmm_a8w8_mxscale(x, w, x_scale, w_scale, torch.float64)
+    absolute = reference.bmm_a8w8_mxscale(_magnitudes(x), _magnitudes(w), x_scale, w_scale, torch.float64)
+    got = torch.ops.dsv4.bmm_a8w8_mxscale(x.to(device), w.to(device), x_scale.to(device), w_scale.to(device),
+                                          torch.float32).cpu()
+    assert bool(torch.isfinite(got).all())
+    assert bool(((got.double() - want).abs() <= absolute * 2.0**-14).all())
+
+
 @gpu
 @pytest.mark.parametrize("spread", [0, 15, 16, 60])
 @pytest.mark.parametrize("m,groups", [(64, 8), (64, 16), (129, 8), (300, 16)])
@@ -299,11 +310,7 @@ def test_gpu_exact_wgmma_scales_in_f16_or_folded(spread, m, groups):
     if spread > 0:
         x_scale[:, :, 3] = 120 + spread - 1  # and its largest: 244 + spread
         w_scale[:, :, 3] = 125
-    want = reference.bmm_a8w8_mxscale(x, w, x_scale, w_scale, torch.float64)
-    absolute = reference.bmm_a8w8_mxscale(_magnitudes(x), _magnitudes(w), x_scale, w_scale, torch.float64)
-    got = torch.ops.dsv4.bmm_a8w8_mxscale(x.cuda(), w.cuda(), x_scale.cuda(), w_scale.cuda(), torch.float32).cpu()
-    assert bool(torch.isfinite(got).all())
-    assert bool(((got.double() - want).abs() <= absolute * 2.0**-14).all())
+    assert_fp32_sums_on_device(x, w, x_scale, w_scale, "cuda")
 
 
 @gpu
@@ -321,11 +328,7 @@ def test_gpu_exact_wgmma_k_block_counts(k_blocks, spread, m, groups):
     g = torch.Generator().manual_seed(k_blocks + spread)
     x_scale = torch.randint(110, 110 + spread, (m, groups, k_blocks), generator=g).to(torch.uint8)
     w_scale = torch.randint(120, 124, (groups, n // 128, k_blocks), generator=g).to(torch.uint8)
-    want = reference.bmm_a8w8_mxscale(x, w, x_scale, w_scale, torch.float64)
-    absolute = reference.bmm_a8w8_mxscale(_magnitudes(x), _magnitudes(w), x_scale, w_scale, torch.float64)
-    got = torch.ops.dsv4.bmm_a8w8_mxscale(x.cuda(), w.cuda(), x_scale.cuda(), w_scale.cuda(), torch.float32).cpu()
-    assert bool(torch.isfinite(got).all())
-    assert bool(((got.double() - want).abs() <= absolute * 2.0**-14).all())
+    assert_fp32_sums_on_device(x, w, x_scale, w_scale, "cuda")
 
 
 def check_every_code(x_dtype, w_dtype, m, groups, misaligned, device):
