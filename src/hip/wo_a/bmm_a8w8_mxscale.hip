@@ -46,6 +46,10 @@
 //     staging and conversion traffic come near the shared-memory bandwidth, 8 warps hide little latency, and
 //     the f16 multiplies that carry the scales in A cost 8-10% (measured by leaving them out; the profiler
 //     counts f16 math and the tensor unit as one shared pipe), where leaving out the conversions costs none.
+//     Its 64 x 64 tiles (where the larger ones are too few) split K over a thread block cluster of two blocks,
+//     which add their sums through distributed shared memory in rank order (deterministic, no workspace):
+//     a 64 x 64 block's one warp group issues about one instruction in 4 cycles on its own (the conversions'
+//     dependent chains), so two blocks an SM on half of K each go faster than one on all of it.
 // Rows past M load zeros and are not stored. 64-bit offsets throughout.
 #include <type_traits>
 
@@ -1226,7 +1230,7 @@ DSV4_DEVICE uint32_t f16x2_multiply(uint32_t a, uint32_t b) {
 }
 #endif  // DSV4_WGMMA
 
-template <int kWarpGroups, int kSubTiles, int kBlockN, int kStages>
+template <int kWarpGroups, int kSubTiles, int kBlockN, int kStages, int kKSplit>
 __global__ void __launch_bounds__(128 * kWarpGroups) bmm_wgmma_f16_kernel(BmmA8W8MxScaleArgs args) {
   wait_for_previous_kernel();  // launched to overlap the kernel before it (launch_overlapping)
 #if defined(DSV4_WGMMA)
@@ -1244,8 +1248,15 @@ __global__ void __launch_bounds__(128 * kWarpGroups) bmm_wgmma_f16_kernel(BmmA8W
   const int warp_in_group = static_cast<int>((threadIdx.x / 32) % 4);
   const int64_t group = blockIdx.z;
   const int64_t m0 = static_cast<int64_t>(blockIdx.y) * Shape::kBlockM;
-  const int64_t n0 = static_cast<int64_t>(blockIdx.x) * kBlockN;
-  const int64_t k_blocks = args.k / kBlockK;
+  const int64_t n0 = static_cast<int64_t>(blockIdx.x / kKSplit) * kBlockN;
+  // With kKSplit > 1 the kKSplit blocks of a cluster share one output tile, each multiplying a contiguous share
+  // of the K blocks (k_first on, k_blocks of them, at least one: the launcher's condition); they add their sums
+  // in rank order at the end (finish). Every block scans the scales of all K blocks, so they agree on the form.
+  static_assert(kKSplit == 1 || (kWarpGroups == 1 && kSubTiles == 1), "split K: one 64-row slice a block");
+  const int split_rank = kKSplit > 1 ? static_cast<int>(cluster_block_rank()) : 0;
+  const int64_t all_k_blocks = args.k / kBlockK;
+  const int64_t k_first = all_k_blocks * split_rank / kKSplit;
+  const int64_t k_blocks = all_k_blocks * (split_rank + 1) / kKSplit - k_first;
   const int shift = encoding_shift(args);
 
   // Staging as in bmm_wgmma_kernel (StageCopies).
@@ -1257,8 +1268,9 @@ __global__ void __launch_bounds__(128 * kWarpGroups) bmm_wgmma_f16_kernel(BmmA8W
   // The sources walk by integer steps (the copies past row M read nothing: their addresses are never used).
   const auto issue_stage = [&](int64_t kb, int slot) {
     const uint32_t stage = shared_base + static_cast<uint32_t>(slot) * Shape::kStageBytes + copies.offset;
-    uint64_t a_address = reinterpret_cast<uint64_t>(copies.a_source) + static_cast<uint64_t>(kb * kBlockK);
-    uint64_t b_address = reinterpret_cast<uint64_t>(copies.b_source) + static_cast<uint64_t>(kb * kBlockK);
+    const uint64_t k_offset = static_cast<uint64_t>((k_first + kb) * kBlockK);
+    uint64_t a_address = reinterpret_cast<uint64_t>(copies.a_source) + k_offset;
+    uint64_t b_address = reinterpret_cast<uint64_t>(copies.b_source) + k_offset;
 #pragma unroll
     for (int j = 0; j < Shape::kChunks; ++j) {
       const uint32_t target = stage + j * Shape::kThreads * 16;
@@ -1304,8 +1316,10 @@ __global__ void __launch_bounds__(128 * kWarpGroups) bmm_wgmma_f16_kernel(BmmA8W
   issue_first_stages();
 
   // The rows' largest block exponents xs + ws over K, and whether every block lies within 2^15 of them. The 4
-  // lanes that hold the same rows (lane / 4) read every 4th K block each, 4 of them in flight (this scan runs
-  // before the first multiply, with nothing else to hide its loads), and combine their extremes.
+  // lanes that hold the same rows (lane / 4) read every 4th K block each, kScanUnroll of them in flight (8, all
+  // of K = 4096, with one slice; 4 with two, whose registers are short), and combine their extremes. This scan
+  // runs before the first multiply, with nothing else to hide its loads.
+  constexpr int kScanUnroll = kSubTiles == 1 ? 8 : 4;
   int top[kSubTiles][2];
   int bottom[kSubTiles][2];
   bool within = true;
@@ -1314,8 +1328,8 @@ __global__ void __launch_bounds__(128 * kWarpGroups) bmm_wgmma_f16_kernel(BmmA8W
     top[u][0] = top[u][1] = 0;
     bottom[u][0] = bottom[u][1] = 1 << 20;
   }
-#pragma unroll 4
-  for (int64_t kb = lane % 4; kb < k_blocks; kb += 4) {
+#pragma unroll kScanUnroll
+  for (int64_t kb = lane % 4; kb < all_k_blocks; kb += 4) {
     const uint32_t ws = w_scale_row[kb];
 #pragma unroll
     for (int u = 0; u < kSubTiles; ++u) {
@@ -1430,6 +1444,7 @@ __global__ void __launch_bounds__(128 * kWarpGroups) bmm_wgmma_f16_kernel(BmmA8W
 
   // Slice u's sums to out, times 2^(top - 254 + shift) per row when they carry the rows' largest scales (as two
   // exact factors). Fragment entry i: row row(u) + 8 * ((i / 2) % 2), column 8 * (i / 4) + 2 * (lane % 4) + i % 2.
+  // With a split K, block split_rank stores the pairs i / 2 = split_rank mod kKSplit (see finish).
   const auto store = [&](int u, const float (&sums)[kAcc], bool scaled) {
     BlockScale factors[2] = {{1.0f, 1.0f}, {1.0f, 1.0f}};
     if (scaled) {
@@ -1441,12 +1456,42 @@ __global__ void __launch_bounds__(128 * kWarpGroups) bmm_wgmma_f16_kernel(BmmA8W
     }
 #pragma unroll
     for (int i = 0; i < kAcc; i += 2) {
+      if (kKSplit > 1 && (i / 2) % kKSplit != split_rank) continue;
       const int h = (i / 2) % 2;
       const int64_t m = slice_row(u) + 8 * h;
       if (m >= args.m) continue;
       const int64_t offset = m * args.out_stride_m + group * args.out_stride_g + n0 + 8 * (i / 4) + 2 * (lane % 4);
       store_output_pair(args, offset, (sums[i] * factors[h].f1) * factors[h].f2,
                         (sums[i + 1] * factors[h].f1) * factors[h].f2);
+    }
+  };
+
+  // Slice u's sums to out once every K block is multiplied. With a split K the
+  // blocks of the cluster leave their sums in their own shared memory (entry i of thread t at word i * 128 + t),
+  // and each adds a share of the entries over the blocks in rank order (the same order wherever it runs).
+  const auto finish = [&](int u, const float (&sums)[kAcc], bool scaled) {
+    if constexpr (kKSplit == 1) {
+      store(u, sums, scaled);
+    } else {
+      copy_async_wait<0>();
+      __syncthreads();  // every warp is done with the stage buffers
+      const auto entry_address = [&](int i) { return shared_base + static_cast<uint32_t>((i * 128 + tid) * 4); };
+#pragma unroll
+      for (int i = 0; i < kAcc; ++i) {
+        asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(entry_address(i)), "f"(sums[i]) : "memory");
+      }
+      cluster_barrier();
+      float totals[kAcc];
+#pragma unroll
+      for (int i = 0; i < kAcc; ++i) {
+        totals[i] = 0.0f;
+        if ((i / 2) % kKSplit != split_rank) continue;
+        totals[i] = load_cluster_shared_f32(entry_address(i), 0);
+#pragma unroll
+        for (int rank = 1; rank < kKSplit; ++rank) totals[i] += load_cluster_shared_f32(entry_address(i), rank);
+      }
+      store(u, totals, scaled);
+      cluster_barrier();  // no block leaves while another reads its shared memory
     }
   };
 
@@ -1476,8 +1521,8 @@ __global__ void __launch_bounds__(128 * kWarpGroups) bmm_wgmma_f16_kernel(BmmA8W
       __syncthreads();  // the previous pass is done with the shared buffers
       issue_first_stages();
     }
-    load_scales(0, u, xs[0], xs[1]);
-    ws = w_scale_row[0];
+    load_scales(k_first, u, xs[0], xs[1]);
+    ws = w_scale_row[k_first];
     copy_async_wait<kAhead - 1>();
     __syncthreads();
     convert_b(0, 0);
@@ -1490,8 +1535,8 @@ __global__ void __launch_bounds__(128 * kWarpGroups) bmm_wgmma_f16_kernel(BmmA8W
       const bool more = kb + 1 < k_blocks;
       uint32_t next_xs[2], next_ws = 127u;
       if (more) {
-        load_scales(kb + 1, u, next_xs[0], next_xs[1]);
-        next_ws = w_scale_row[kb + 1];
+        load_scales(k_first + kb + 1, u, next_xs[0], next_xs[1]);
+        next_ws = w_scale_row[k_first + kb + 1];
       }
       const uint32_t copy = copy_base + static_cast<uint32_t>(kb & 1) * Shape::kCopyBytes;
       if constexpr (kScaled) {
@@ -1541,7 +1586,7 @@ __global__ void __launch_bounds__(128 * kWarpGroups) bmm_wgmma_f16_kernel(BmmA8W
     }
     wgmma_wait<0>();
     pin_registers(acc);
-    store(u, acc, kScaled);
+    finish(u, acc, kScaled);
     copy_async_wait<0>();
   };
   // The scaled form with two slices a warp group, the slices' multiplies interleaved: slice 0's of block kb is
@@ -1558,8 +1603,8 @@ __global__ void __launch_bounds__(128 * kWarpGroups) bmm_wgmma_f16_kernel(BmmA8W
     uint32_t xs[2][2] = {}, ws[2] = {127u, 127u};  // slice u's scale bytes for its next A load
     const auto fetch_scales = [&](int u, int64_t kb) {
       if (kb < k_blocks) {
-        load_scales(kb, u, xs[u][0], xs[u][1]);
-        ws[u] = w_scale_row[kb];
+        load_scales(k_first + kb, u, xs[u][0], xs[u][1]);
+        ws[u] = w_scale_row[k_first + kb];
       }
     };
     const auto load_slice_a = [&](int slot, int u) {
@@ -1637,19 +1682,19 @@ __global__ void __launch_bounds__(128 * kWarpGroups) bmm_wgmma_f16_kernel(BmmA8W
 #endif
 }
 
-template <int kWarpGroups, int kSubTiles, int kBlockN, int kStages>
+// kKSplit > 1: clusters of kKSplit blocks along x share each output tile, splitting its K blocks (at least one
+// each: all_k_blocks >= kKSplit, checked by the caller).
+template <int kWarpGroups, int kSubTiles, int kBlockN, int kStages, int kKSplit = 1>
 LaunchStatus launch_wgmma_f16(const BmmA8W8MxScaleArgs& args, hipStream_t stream) {
   using Shape = F16Shape<kWarpGroups, kSubTiles, kBlockN>;
+  constexpr auto kernel = bmm_wgmma_f16_kernel<kWarpGroups, kSubTiles, kBlockN, kStages, kKSplit>;
   constexpr size_t shared_bytes = wgmma_f16_shared_bytes<kWarpGroups, kSubTiles, kBlockN, kStages>();
   const int64_t m_tiles = (args.m + Shape::kBlockM - 1) / Shape::kBlockM;
-  if (m_tiles > 65535 || args.groups > 65535) return LaunchStatus::kInvalidArgument;
-  if (!allow_dynamic_shared_memory<bmm_wgmma_f16_kernel<kWarpGroups, kSubTiles, kBlockN, kStages>>(shared_bytes)) {
-    return LaunchStatus::kLaunchFailed;
-  }
-  const dim3 grid(static_cast<unsigned>(args.n / kBlockN), static_cast<unsigned>(m_tiles),
+  if (m_tiles > 65535 || args.groups > 65535 || args.k / kBlockK < kKSplit) return LaunchStatus::kInvalidArgument;
+  if (!allow_dynamic_shared_memory<kernel>(shared_bytes)) return LaunchStatus::kLaunchFailed;
+  const dim3 grid(static_cast<unsigned>(args.n / kBlockN * kKSplit), static_cast<unsigned>(m_tiles),
                   static_cast<unsigned>(args.groups));
-  launch_overlapping(bmm_wgmma_f16_kernel<kWarpGroups, kSubTiles, kBlockN, kStages>, grid, dim3(Shape::kThreads),
-                     shared_bytes, stream, args);
+  launch_overlapping_in_clusters(kernel, grid, dim3(Shape::kThreads), shared_bytes, stream, kKSplit, args);
   return last_launch_status();
 }
 
@@ -1725,11 +1770,14 @@ LaunchStatus launch_bmm_a8w8_mxscale(const BmmA8W8MxScaleArgs& args, void* strea
   // G = 8: 13.5 us against 16.7; M = 64, G = 1: 6.6 against 16.4).
   // With fp32 sums, bmm_wgmma_f16_kernel where it beats the mma.sync kernels (H200, graph replay): 256 x 128
   // tiles when at least 128 of them fill the GPU, else the 128 x 128 tiles above M = 64, the 64 x 128 tiles
-  // from 33 rows and the 64 x 64 tiles at 33..64 rows. Chosen on a same-run comparison of an earlier build of
-  // the kernel (G = 8: M = 4096 749 us against 869 for the 128 x 128 tiles, M = 16384 2879 against 3341;
-  // G = 1, M = 4096 98.6 against 110.3; but G = 8, M = 256 58.9 against 97.2 for the 256-row tiles, G = 1,
-  // M = 1024 38.4 against 90.6; G = 8, M = 64 26.0 against 36.5 for the mma.sync split-K kernel). With more
-  // rows the 64 x 64 tiles lose (G = 1, M = 256: 30 us against 18, on the f16 kernel before this one).
+  // from 33 rows and the 64 x 64 tiles from 33 rows when there are 64 of them. Chosen on a same-run comparison of
+  // an earlier build of the kernel (G = 8: M = 4096 749 us against 869 for the 128 x 128 tiles, M = 16384 2879
+  // against 3341; G = 1, M = 4096 98.6 against 110.3; but G = 8, M = 256 58.9 against 97.2 for the 256-row
+  // tiles, G = 1, M = 1024 38.4 against 90.6). The 64 x 64 tiles split K over two blocks (4 stages each, two
+  // blocks an SM) from 2 K blocks; H200, one run, split / unsplit (8 stages) / mma.sync kernels: G = 8, M = 64
+  // 21.3 / 24.6 / 35.9 us; G = 4, M = 128 20.8 / 24.2 / 34.4; G = 2, M = 256 20.0 / 23.1 / 31.9; G = 1, M = 256
+  // 15.2 / 22.3 / 17.2; G = 1, M = 512 20.3 / 20.3 / 46.6. Splitting over 4 blocks was slower (G = 8, M = 64:
+  // 36.4), and so was splitting the 64 x 128 tiles that G = 16, M = 64 takes (45.6 against 36.2 in one run).
   // (Grids of more than 65535 M tiles, M > 4M rows, take the kernels below, whose M tiles run along x.)
   // (OCP operands only: the FNUZ codes an OCP unit cannot hold are rewritten per fragment by the kernels below.)
   if (vector && args.x_format == Fp8Format::kOCP && args.w_format == Fp8Format::kOCP &&
@@ -1746,7 +1794,10 @@ LaunchStatus launch_bmm_a8w8_mxscale(const BmmA8W8MxScaleArgs& args, void* strea
       if (args.m > 64 && tall_tiles >= 128) return launch_wgmma_f16<2, 2, 128, 3>(args, hip_stream);
       if (args.m > 64 && large_tiles >= 128) return launch_wgmma_f16<2, 1, 128, 5>(args, hip_stream);
       if (args.m > 32 && wide_tiles >= 128) return launch_wgmma_f16<1, 1, 128, 6>(args, hip_stream);
-      if (args.m > 32 && args.m <= 64 && small_tiles >= 64) return launch_wgmma_f16<1, 1, 64, 8>(args, hip_stream);
+      if (args.m > 32 && small_tiles >= 64) {
+        if (args.k / kBlockK >= 2) return launch_wgmma_f16<1, 1, 64, 4, 2>(args, hip_stream);
+        return launch_wgmma_f16<1, 1, 64, 8>(args, hip_stream);
+      }
     }
   }
 #endif

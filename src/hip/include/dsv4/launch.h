@@ -128,24 +128,39 @@ bool allow_dynamic_shared_memory(size_t bytes) {
 // finished (at its start after a plain launch, after its wait otherwise), so that what a dependent reads
 // before its own wait, other than the releasing kernel's output, is complete. With HIP the launch is plain
 // and both calls do nothing.
+//
+// launch_overlapping_in_clusters() also groups every `cluster_blocks` consecutive blocks along x into a
+// thread block cluster (NVIDIA sm_90 and later: run at the same time, each able to read the others' shared
+// memory; grid.x a multiple of it). Callers on HIP pass 1.
 template <typename... Params, typename... Args>
-void launch_overlapping(void (*kernel)(Params...), dim3 grid, dim3 block, size_t shared_bytes, hipStream_t stream,
-                        const Args&... args) {
+void launch_overlapping_in_clusters(void (*kernel)(Params...), dim3 grid, dim3 block, size_t shared_bytes,
+                                    hipStream_t stream, unsigned cluster_blocks, const Args&... args) {
 #if defined(__HIPCC__)
+  (void)cluster_blocks;
   hipLaunchKernelGGL(kernel, grid, block, shared_bytes, stream, args...);
 #else
-  cudaLaunchAttribute attribute{};
-  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attribute.val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchAttribute attributes[2] = {};
+  attributes[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attributes[0].val.programmaticStreamSerializationAllowed = 1;
+  attributes[1].id = cudaLaunchAttributeClusterDimension;
+  attributes[1].val.clusterDim.x = cluster_blocks;
+  attributes[1].val.clusterDim.y = 1;
+  attributes[1].val.clusterDim.z = 1;
   cudaLaunchConfig_t config{};
   config.gridDim = grid;
   config.blockDim = block;
   config.dynamicSmemBytes = shared_bytes;
   config.stream = stream;
-  config.attrs = &attribute;
-  config.numAttrs = 1;
+  config.attrs = attributes;
+  config.numAttrs = cluster_blocks > 1 ? 2 : 1;
   (void)cudaLaunchKernelEx(&config, kernel, args...);  // an error stays for last_launch_status()
 #endif
+}
+
+template <typename... Params, typename... Args>
+void launch_overlapping(void (*kernel)(Params...), dim3 grid, dim3 block, size_t shared_bytes, hipStream_t stream,
+                        const Args&... args) {
+  launch_overlapping_in_clusters(kernel, grid, block, shared_bytes, stream, 1u, args...);
 }
 
 DSV4_DEVICE void wait_for_previous_kernel() {
@@ -159,6 +174,30 @@ DSV4_DEVICE void release_dependents() {
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
 }
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+// Thread block clusters (launch_overlapping_in_clusters): this block's rank in its cluster, a barrier of all
+// threads of the cluster's blocks (release/acquire: shared-memory writes before it are seen by every block
+// after it), and a float read from the shared memory of the cluster's block `rank` at the address that
+// `shared_address` (a shared-window address of this block) names there.
+DSV4_DEVICE uint32_t cluster_block_rank() {
+  uint32_t rank;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(rank));
+  return rank;
+}
+
+DSV4_DEVICE void cluster_barrier() {
+  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+}
+
+DSV4_DEVICE float load_cluster_shared_f32(uint32_t shared_address, uint32_t rank) {
+  uint32_t remote;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(shared_address), "r"(rank));
+  float value;
+  asm volatile("ld.shared::cluster.f32 %0, [%1];\n" : "=f"(value) : "r"(remote) : "memory");
+  return value;
+}
+#endif
 
 // A 16-byte load answered by the device-wide cache level, not the multiprocessor's own (NVIDIA
 // ld.global.cg): for data a kernel reads before wait_for_previous_kernel() that an earlier kernel wrote, so
