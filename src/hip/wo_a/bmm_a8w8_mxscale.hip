@@ -1466,9 +1466,9 @@ __global__ void __launch_bounds__(128 * kWarpGroups) bmm_wgmma_f16_kernel(BmmA8W
     }
   };
 
-  // Slice u's sums to out once every K block is multiplied. With a split K the
-  // blocks of the cluster leave their sums in their own shared memory (entry i of thread t at word i * 128 + t),
-  // and each adds a share of the entries over the blocks in rank order (the same order wherever it runs).
+  // Slice u's sums to out once every K block is multiplied. With a split K the blocks of the cluster leave their
+  // sums in their own shared memory (entry i of thread t at word i * 128 + t), and each adds a share of the
+  // entries over the blocks in rank order (the same order wherever it runs).
   const auto finish = [&](int u, const float (&sums)[kAcc], bool scaled) {
     if constexpr (kKSplit == 1) {
       store(u, sums, scaled);
