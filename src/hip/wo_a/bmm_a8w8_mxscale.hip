@@ -1490,8 +1490,11 @@ __global__ void __launch_bounds__(128 * kWarpGroups) bmm_wgmma_f16_kernel(BmmA8W
 #pragma unroll
         for (int rank = 1; rank < kKSplit; ++rank) totals[i] += load_cluster_shared_f32(entry_address(i), rank);
       }
+      // No block leaves while another reads its shared memory. Before the stores, so that the barrier's release
+      // waits for these reads only (after the stores, ncu put 3.4% of the warps' samples at G = 8, M = 64 on that
+      // wait; H200 timing moved within run-to-run spread, 21.3 -> 20.9 us).
+      cluster_barrier();
       store(u, totals, scaled);
-      cluster_barrier();  // no block leaves while another reads its shared memory
     }
   };
 
