@@ -318,12 +318,12 @@ def test_gpu_exact_wgmma_scales_in_f16_or_folded(spread, m, groups):
 @pytest.mark.parametrize("k_blocks", [1, 2, 3, 5])
 @pytest.mark.parametrize("m,groups", [(40, 8), (200, 2), (129, 8), (300, 16)])
 def test_gpu_exact_wgmma_k_block_counts(k_blocks, spread, m, groups):
-    """K depths of 1, 2, 3 and 5 blocks through the f16 wgmma kernel's 64 x 64 (K split over a cluster of two
-    blocks from 2 K blocks: shares of 1 + 1, 1 + 2 and 2 + 3; at 200 rows a last tile of 8), 128 x 128 and
-    256 x 128 tiles, both forms
-    (spread 4: scales in f16; 40: per-block fold): the 256 x 128 tiles' two slices take turns block by block (a
-    last block with slice 1's turn alone), and the scale scan splits K over 4 lanes (lanes with no block when K
-    has fewer than 4). Against fp64 within 2^-14 of the sum of the absolute scaled products."""
+    """K depths of 1, 2, 3 and 5 blocks through the f16 wgmma kernel's 64 x 64 tiles (K split over a cluster of
+    two blocks from 2 K blocks: shares of 1 + 1, 1 + 2 and 2 + 3; one K block unsplit; at 200 rows a last tile
+    of 8 rows), its 128 x 128 and 256 x 128 tiles, both forms (spread 4: scales in f16; 40: per-block fold): the
+    256 x 128 tiles' two slices take turns block by block (a last block with slice 1's turn alone), and the scale
+    scan splits K over 4 lanes (lanes with no block when K has fewer than 4). Against fp64 within 2^-14 of the
+    sum of the absolute scaled products."""
     n, k = 1024, 128 * k_blocks
     x = _random_codes((m, groups, k), torch.float8_e4m3fn, seed=k_blocks + m)
     w = _random_codes((groups, n, k), torch.float8_e4m3fn, seed=k_blocks + m + 1)

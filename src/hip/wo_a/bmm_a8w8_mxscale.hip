@@ -1442,9 +1442,10 @@ __global__ void __launch_bounds__(128 * kWarpGroups) bmm_wgmma_f16_kernel(BmmA8W
     }
   };
 
+  // With a split K, block split_rank adds up and stores the entry pairs i / 2 = split_rank mod kKSplit (finish).
+  const auto owns_pair = [&](int i) { return kKSplit == 1 || (i / 2) % kKSplit == split_rank; };
   // Slice u's sums to out, times 2^(top - 254 + shift) per row when they carry the rows' largest scales (as two
   // exact factors). Fragment entry i: row row(u) + 8 * ((i / 2) % 2), column 8 * (i / 4) + 2 * (lane % 4) + i % 2.
-  // With a split K, block split_rank stores the pairs i / 2 = split_rank mod kKSplit (see finish).
   const auto store = [&](int u, const float (&sums)[kAcc], bool scaled) {
     BlockScale factors[2] = {{1.0f, 1.0f}, {1.0f, 1.0f}};
     if (scaled) {
@@ -1456,7 +1457,7 @@ __global__ void __launch_bounds__(128 * kWarpGroups) bmm_wgmma_f16_kernel(BmmA8W
     }
 #pragma unroll
     for (int i = 0; i < kAcc; i += 2) {
-      if (kKSplit > 1 && (i / 2) % kKSplit != split_rank) continue;
+      if (!owns_pair(i)) continue;
       const int h = (i / 2) % 2;
       const int64_t m = slice_row(u) + 8 * h;
       if (m >= args.m) continue;
@@ -1485,7 +1486,7 @@ __global__ void __launch_bounds__(128 * kWarpGroups) bmm_wgmma_f16_kernel(BmmA8W
 #pragma unroll
       for (int i = 0; i < kAcc; ++i) {
         totals[i] = 0.0f;
-        if ((i / 2) % kKSplit != split_rank) continue;
+        if (!owns_pair(i)) continue;
         totals[i] = load_cluster_shared_f32(entry_address(i), 0);
 #pragma unroll
         for (int rank = 1; rank < kKSplit; ++rank) totals[i] += load_cluster_shared_f32(entry_address(i), rank);
