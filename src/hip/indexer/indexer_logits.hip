@@ -772,6 +772,15 @@ __global__ void __launch_bounds__(kWgThreads, 2) logits_wgmma_kernel(Args args) 
 // Measured on the H200 (so that the next change starts from it): deeper rings (3 stages of 256 keys, or 4-5 of
 // 128) and one row a block for next_n = 2 were all slower. With next_n = 2 a tile's multiply plus its
 // ReLU-weighted sums, not its copy, set the pace: dropping either one brings those rows to the next_n = 1 time.
+// That pace is about the prefill kernel's per multiply (~650 TFLOP/s at B = 32, 128k: a third of the FP8 peak); ncu
+// (base clocks; B = 32, next_n = 2, 128k) has the SMs issuing on ~50% of cycles, DRAM ~46% busy and a quarter of the
+// warps' samples at a barrier (the wgmma wait, the per-tile __syncthreads): a warp group's serial chain (copy wait,
+// multiply, wait, 128 fp32 ReLU-weighted terms per thread a tile) is not hidden by the four warp groups an SM holds.
+// Also tried and dropped, same-run A/B over B = 32 / 128, next_n = 1 / 2, 8k-128k: one block per SM of four independent
+// warp groups, each with its own 3-stage ring of 128-key tiles and no block-wide barrier (1.1-1.3x slower in every
+// cell); L2 prefetches (cp.async.bulk.prefetch.tensor) of the 2 or 4 tiles past the ring (1.1-1.6x slower); the table
+// entries looked up 2-3 tiles ahead (no change); the pair path as four 64-column chains, each chain's ReLU sums
+// overlapping the next chain (no faster; one next_n = 2 test at block size 32 then gave wrong logits, calc_diff 0.02).
 constexpr int kTmaStages = 2;
 constexpr int kTmaMaxRows = 2;  // next_n served (DSv4 decode: 1, or 2 with one MTP token)
 constexpr int kTmaMaxBoxes = kWgKeys / 8;  // cache blocks per tile at the smallest block size served
