@@ -56,6 +56,19 @@ foreach(_src IN LISTS DSV4OPS_KERNEL_SOURCES)
     COMMENT "device check: ${_name} for sm_90, sm_89, sm_100a")
   list(APPEND _outputs ${_other_nvidia})
 endforeach()
+# The kernel-pattern ceilings under bench/micro (standalone sm_90a programs): compiled to objects, so that they
+# keep building as the device helpers they include change.
+foreach(_micro IN ITEMS ${PROJECT_SOURCE_DIR}/bench/micro/indexer_wgmma_rate.cu)
+  get_filename_component(_name ${_micro} NAME_WE)
+  set(_micro_object ${_check_dir}/micro_${_name}.sm_90a.o)
+  add_custom_command(OUTPUT ${_micro_object}
+    COMMAND ${DSV4OPS_NVCC} -std=c++17 -O3 -gencode arch=compute_90a,code=sm_90a
+            -I${PROJECT_SOURCE_DIR}/src/hip/include -I${PROJECT_SOURCE_DIR}/src/hip -MD -MF ${_micro_object}.d
+            -c ${_micro} -o ${_micro_object}
+    DEPENDS ${_micro} DEPFILE ${_micro_object}.d VERBATIM
+    COMMENT "device check: bench/micro/${_name} for sm_90a")
+  list(APPEND _outputs ${_micro_object})
+endforeach()
 add_custom_target(device_check ALL DEPENDS ${_outputs})
 
 set(_checker ${Python_EXECUTABLE} ${PROJECT_SOURCE_DIR}/tools/check_device_code.py)

@@ -772,20 +772,24 @@ __global__ void __launch_bounds__(kWgThreads, 2) logits_wgmma_kernel(Args args) 
 // Measured on the H200 (so that the next change starts from it): deeper rings (3 stages of 256 keys, or 4-5 of
 // 128) and one row a block for next_n = 2 were all slower. With next_n = 2 a tile's multiply plus its
 // ReLU-weighted sums, not its copy, set the pace: dropping either one brings those rows to the next_n = 1 time.
-// That pace is about the prefill kernel's per multiply (~650 TFLOP/s at B = 32, 128k: a third of the FP8 peak); ncu
-// (base clocks; B = 32, next_n = 2, 128k) has the SMs issuing on ~50% of cycles, DRAM ~46% busy and a quarter of the
-// warps' samples at a barrier (the wgmma wait, the per-tile __syncthreads): a warp group's serial chain (copy wait,
-// multiply, wait, 128 fp32 ReLU-weighted terms per thread a tile) is not hidden by the four warp groups an SM holds.
-// Also tried and dropped, same-run A/B over B = 32 / 128, next_n = 1 / 2, 8k-128k: one block per SM of four independent
-// warp groups, each with its own 3-stage ring of 128-key tiles and no block-wide barrier (1.1-1.3x slower in every
-// cell); L2 prefetches (cp.async.bulk.prefetch.tensor) of the 2 or 4 tiles past the ring (1.1-1.6x slower); the table
-// entries looked up 2-3 tiles ahead (no change); the pair path as four 64-column chains, each chain's ReLU sums
-// overlapping the next chain (no faster; one next_n = 2 test at block size 32 then gave wrong logits, calc_diff 0.02);
-// more runs a request than one wave of two blocks an SM (runs for 3, 4 or 8 blocks an SM: 1.2-1.5x slower at 8k-32k; at
-// 128k from 5% faster, B = 128 next_n = 1 at 4 blocks, to 1.15x slower). A one-warp-group block that keeps the next
-// sub-tile's chain in flight across the tile loop needs two 64-register accumulators (255 registers: two blocks an SM),
-// and ptxas (CUDA 13.0) then serializes every wgmma (C7518, "WG.DP in divergent path": the chain in flight crosses
-// branches on the rows' lengths); compiled only, not run.
+// That pace is about the prefill kernel's per multiply (~650 TFLOP/s at B = 32, 128k: a third of the FP8 peak).
+// bench/micro/indexer_wgmma_rate.cu runs this tile's pattern with its operands resident in shared memory (H200, two
+// blocks an SM): the chains alone at ~1.93 PFLOP/s (the FP8 peak), with the ReLU-weighted sums ~1.34 PFLOP/s; at
+// B = 32, next_n = 2, 128k that is ~26 us of multiplies and sums against ~36 us for a copy of the same bytes, and the
+// kernel takes ~53 us, nearer their sum than their maximum: the copies and the multiplies alternate more than they
+// overlap. ncu (base clocks; B = 32, next_n = 2, 128k) has the SMs issuing on ~50% of cycles, DRAM ~46% busy and a
+// quarter of the warps' samples at a barrier (the wgmma wait, the per-tile __syncthreads): a warp group's serial chain
+// (copy wait, multiply, wait, 128 fp32 ReLU-weighted terms per thread a tile) is not hidden by the four warp groups an
+// SM holds. Also tried and dropped, same-run A/B over B = 32 / 128, next_n = 1 / 2, 8k-128k: one block per SM of four
+// independent warp groups, each with its own 3-stage ring of 128-key tiles and no block-wide barrier (1.1-1.3x slower
+// in every cell); L2 prefetches (cp.async.bulk.prefetch.tensor) of the 2 or 4 tiles past the ring (1.1-1.6x slower);
+// the table entries looked up 2-3 tiles ahead (no change); the pair path as four 64-column chains, each chain's ReLU
+// sums overlapping the next chain (no faster; one next_n = 2 test at block size 32 then gave wrong logits, calc_diff
+// 0.02); more runs a request than one wave of two blocks an SM (runs for 3, 4 or 8 blocks an SM: 1.2-1.5x slower at
+// 8k-32k; at 128k from 5% faster, B = 128 next_n = 1 at 4 blocks, to 1.15x slower). A one-warp-group block that keeps
+// the next sub-tile's chain in flight across the tile loop needs two 64-register accumulators (255 registers: two
+// blocks an SM), and ptxas (CUDA 13.0) then serializes every wgmma (C7518, "WG.DP in divergent path": the chain in
+// flight crosses branches on the rows' lengths); compiled only, not run.
 constexpr int kTmaStages = 2;
 constexpr int kTmaMaxRows = 2;  // next_n served (DSv4 decode: 1, or 2 with one MTP token)
 constexpr int kTmaMaxBoxes = kWgKeys / 8;  // cache blocks per tile at the smallest block size served
