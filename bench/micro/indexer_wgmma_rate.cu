@@ -1,9 +1,9 @@
 // Compute ceiling of the indexer decode kernel's tensor-core pattern (src/hip/indexer/indexer_logits.hip), with
 // every operand resident in shared memory (no copies, no stores): per 64-key sub-tile one chain of four
 // wgmma m64n128k32 e4m3 (A: the keys, B: two rows' q), committed and waited for, alone and followed by the
-// ReLU-weighted head sums the kernel applies to the accumulators; also the row path's m64n64k32 chains and a
-// 256-column chain for scale. Blocks of two warp groups, one or two an SM. Prints TFLOP/s (2 x M x N x K a
-// chain; the operand values do not matter to the rate).
+// ReLU-weighted head sums the kernel applies to the accumulators; also the row path's m64n64k32 chains. Blocks of
+// two warp groups, one or two an SM. Prints TFLOP/s (2 x M x N x K a chain; the operand values do not matter to
+// the rate).
 //
 // Build and run on an sm_90a GPU, from the repository root:
 //   nvcc -std=c++17 -O3 -gencode arch=compute_90a,code=sm_90a -Isrc/hip/include -Isrc/hip -Isrc \
@@ -19,25 +19,13 @@
 namespace {
 using namespace dsv4;
 
-enum Pattern { kPairChains, kPairChainsAndSums, kRowChains, kWideChains };
+enum Pattern { kPairChains, kPairChainsAndSums, kRowChains };
 constexpr const char* kPatternNames[] = {"m64n128k32 chains", "m64n128k32 chains + ReLU-weighted sums",
-                                         "m64n64k32 chains (row path)", "m64n256k32 chains"};
+                                         "m64n64k32 chains (row path)"};
 constexpr int kThreads = 256;
 constexpr int kSharedBytes = 64 * 1024 + 1024;
 
 #if defined(DSV4_WGMMA)
-DSV4_DEVICE void wgmma_m64n256k32(float (&d)[128], uint64_t a_desc, uint64_t b_desc, uint32_t accumulate) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n256k32.f32.e4m3.e4m3 {" DSV4_WGMMA_D64
-      ", %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, "
-      "%85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, "
-      "%106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, "
-      "%124, %125, %126, %127}, %128, %129, p, 1, 1;\n}\n"
-      : DSV4_WGMMA_ACC32(d, 0), DSV4_WGMMA_ACC32(d, 32), DSV4_WGMMA_ACC32(d, 64), DSV4_WGMMA_ACC32(d, 96)
-      : "l"(a_desc), "l"(b_desc), "r"(accumulate));
-}
-
 // A chain over the 128 dims (four k32 steps) of one 64-key sub-tile, then the wait for it.
 template <int kCount, class Multiply>
 DSV4_DEVICE void run_chain(float (&acc)[kCount], uint32_t a_subtile, uint32_t b_tile, Multiply multiply) {
@@ -55,8 +43,7 @@ DSV4_DEVICE void run_chain(float (&acc)[kCount], uint32_t a_subtile, uint32_t b_
 #endif
 
 template <Pattern kPattern>
-__global__ void __launch_bounds__(kThreads, kPattern == kWideChains ? 1 : 2)
-    chains_kernel(int iterations, float nan_sentinel, float* sink) {
+__global__ void __launch_bounds__(kThreads, 2) chains_kernel(int iterations, float nan_sentinel, float* sink) {
 #if defined(DSV4_WGMMA)
   extern __shared__ __align__(1024) uint8_t shared[];
   const uint32_t raw = shared_window_address(shared);
@@ -76,11 +63,7 @@ __global__ void __launch_bounds__(kThreads, kPattern == kWideChains ? 1 : 2)
 #pragma unroll
     for (int subtile = 0; subtile < 2; ++subtile) {
       const uint32_t a = keys + subtile * 64 * 128;
-      if constexpr (kPattern == kWideChains) {
-        float acc[128];
-        run_chain(acc, a, q, [](auto& d, uint64_t x, uint64_t y, uint32_t c) { wgmma_m64n256k32(d, x, y, c); });
-        total += acc[0] + acc[127];
-      } else if constexpr (kPattern == kRowChains) {
+      if constexpr (kPattern == kRowChains) {
         for (int row = 0; row < 2; ++row) {
           float acc[32];
           run_chain(acc, a, q + row * 8192,
@@ -136,9 +119,8 @@ double tflops(int blocks, int iterations, float* sink) {
   cudaEventDestroy(start);
   cudaEventDestroy(stop);
   if (cudaGetLastError() != cudaSuccess) return -1.0;
-  const double columns = kPattern == kWideChains ? 256 : 128;  // the row path: 2 rows x 64
-  // An iteration of a block: 2 warp groups x 2 sub-tiles x 64 keys x columns x 128 dims.
-  return 2.0 * blocks * iterations * 2 * 2 * 64 * columns * 128 / (ms * 1e-3) / 1e12;
+  // An iteration of a block: 2 warp groups x 2 sub-tiles x 64 keys x 128 columns (2 rows x 64 heads) x 128 dims.
+  return 2.0 * blocks * iterations * 2 * 2 * 64 * 128 * 128 / (ms * 1e-3) / 1e12;
 }
 
 }  // namespace
@@ -152,11 +134,9 @@ int main() {
   for (int per_sm = 1; per_sm <= 2; ++per_sm) {
     const double rates[] = {tflops<kPairChains>(per_sm * sms, kIterations, sink),
                             tflops<kPairChainsAndSums>(per_sm * sms, kIterations, sink),
-                            tflops<kRowChains>(per_sm * sms, kIterations, sink),
-                            tflops<kWideChains>(per_sm * sms, kIterations, sink)};
-    for (int p = 0; p < 4; ++p) {
-      std::printf("%d block(s) an SM (%s%s): %.0f TFLOP/s\n", per_sm, kPatternNames[p],
-                  p == kWideChains && per_sm == 2 ? ", one resident an SM" : "", rates[p]);
+                            tflops<kRowChains>(per_sm * sms, kIterations, sink)};
+    for (int p = 0; p < 3; ++p) {
+      std::printf("%d block(s) an SM (%s): %.0f TFLOP/s\n", per_sm, kPatternNames[p], rates[p]);
     }
   }
   cudaFree(sink);
