@@ -12,6 +12,15 @@ set(DSV4OPS_HIP_DEVICE_LIBS "${PROJECT_SOURCE_DIR}/.toolchain/devlibs" CACHE PAT
 find_program(DSV4OPS_NVCC nvcc HINTS /usr/local/cuda/bin ENV CUDA_HOME PATH_SUFFIXES bin)
 find_package(Python REQUIRED COMPONENTS Interpreter)
 
+# An object of `source` compiled by nvcc with the gencode options that follow (ARGN), for a compile-only check.
+function(dsv4_nvcc_object output source comment)
+  add_custom_command(OUTPUT ${output}
+    COMMAND ${DSV4OPS_NVCC} -x cu -std=c++17 -O3 ${ARGN} -I${PROJECT_SOURCE_DIR}/src/hip/include
+            -I${PROJECT_SOURCE_DIR}/src/hip -MD -MF ${output}.d -c ${source} -o ${output}
+    DEPENDS ${source} DEPFILE ${output}.d VERBATIM
+    COMMENT "${comment}")
+endfunction()
+
 set(_check_dir ${CMAKE_BINARY_DIR}/device_check)
 file(MAKE_DIRECTORY ${_check_dir})
 set(_outputs)
@@ -47,13 +56,9 @@ foreach(_src IN LISTS DSV4OPS_KERNEL_SOURCES)
   # The other NVIDIA archs the README lists for the CUDA build (sm_90, sm_89, sm_100a): compiled only,
   # so that a source that builds for sm_90a alone is caught (their wgmma-free passes take other paths).
   set(_other_nvidia ${_check_dir}/${_name}.other_nvidia.o)
-  add_custom_command(OUTPUT ${_other_nvidia}
-    COMMAND ${DSV4OPS_NVCC} -x cu -std=c++17 -O3 -gencode arch=compute_90,code=sm_90
-            -gencode arch=compute_89,code=sm_89 -gencode arch=compute_100a,code=sm_100a
-            -I${PROJECT_SOURCE_DIR}/src/hip/include -I${PROJECT_SOURCE_DIR}/src/hip -MD -MF ${_other_nvidia}.d
-            -c ${_src} -o ${_other_nvidia}
-    DEPENDS ${_src} DEPFILE ${_other_nvidia}.d VERBATIM
-    COMMENT "device check: ${_name} for sm_90, sm_89, sm_100a")
+  dsv4_nvcc_object(${_other_nvidia} ${_src} "device check: ${_name} for sm_90, sm_89, sm_100a"
+                   -gencode arch=compute_90,code=sm_90 -gencode arch=compute_89,code=sm_89
+                   -gencode arch=compute_100a,code=sm_100a)
   list(APPEND _outputs ${_other_nvidia})
 endforeach()
 # The kernel-pattern ceilings under bench/micro (standalone sm_90a programs): compiled to objects, so that they
@@ -61,12 +66,8 @@ endforeach()
 foreach(_micro IN ITEMS ${PROJECT_SOURCE_DIR}/bench/micro/indexer_wgmma_rate.cu)
   get_filename_component(_name ${_micro} NAME_WE)
   set(_micro_object ${_check_dir}/micro_${_name}.sm_90a.o)
-  add_custom_command(OUTPUT ${_micro_object}
-    COMMAND ${DSV4OPS_NVCC} -std=c++17 -O3 -gencode arch=compute_90a,code=sm_90a
-            -I${PROJECT_SOURCE_DIR}/src/hip/include -I${PROJECT_SOURCE_DIR}/src/hip -MD -MF ${_micro_object}.d
-            -c ${_micro} -o ${_micro_object}
-    DEPENDS ${_micro} DEPFILE ${_micro_object}.d VERBATIM
-    COMMENT "device check: bench/micro/${_name} for sm_90a")
+  dsv4_nvcc_object(${_micro_object} ${_micro} "device check: bench/micro/${_name} for sm_90a"
+                   -gencode arch=compute_90a,code=sm_90a)
   list(APPEND _outputs ${_micro_object})
 endforeach()
 add_custom_target(device_check ALL DEPENDS ${_outputs})
