@@ -784,13 +784,14 @@ __global__ void __launch_bounds__(kWgThreads, 2) logits_wgmma_kernel(Args args) 
 // independent warp groups, each with its own 3-stage ring of 128-key tiles and no block-wide barrier (1.1-1.3x slower
 // in every cell), or two such warp groups a block with 2 stages each, two blocks an SM (1.03-1.16x slower); L2
 // prefetches (cp.async.bulk.prefetch.tensor) of the 2 or 4 tiles past the ring (1.1-1.6x slower); the table entries
-// looked up 2-3 tiles ahead (no change); the pair path as four 64-column chains, each chain's ReLU sums overlapping the
-// next chain (no faster; one next_n = 2 test at block size 32 then gave wrong logits, calc_diff 0.02); more runs a
-// request than one wave of two blocks an SM (runs for 3, 4 or 8 blocks an SM: 1.2-1.5x slower at 8k-32k; at 128k from
-// 5% faster, B = 128 next_n = 1 at 4 blocks, to 1.15x slower). A one-warp-group block that keeps the next sub-tile's
-// chain in flight across the tile loop needs two 64-register accumulators (255 registers: two blocks an SM), and ptxas
-// (CUDA 13.0) then serializes every wgmma (C7518, "WG.DP in divergent path": the chain in flight crosses branches on
-// the rows' lengths); compiled only, not run.
+// looked up 2-3 tiles ahead (no change); each stage released by the warps' arrivals on an mbarrier that only warp 0
+// waits for, instead of the per-tile __syncthreads (no change); the pair path as four 64-column chains, each chain's
+// ReLU sums overlapping the next chain (no faster; one next_n = 2 test at block size 32 then gave wrong logits,
+// calc_diff 0.02); more runs a request than one wave of two blocks an SM (runs for 3, 4 or 8 blocks an SM: 1.2-1.5x
+// slower at 8k-32k; at 128k from 5% faster, B = 128 next_n = 1 at 4 blocks, to 1.15x slower). A one-warp-group block
+// that keeps the next sub-tile's chain in flight across the tile loop needs two 64-register accumulators (255
+// registers: two blocks an SM), and ptxas (CUDA 13.0) then serializes every wgmma (C7518, "WG.DP in divergent path":
+// the chain in flight crosses branches on the rows' lengths); compiled only, not run.
 constexpr int kTmaStages = 2;
 constexpr int kTmaMaxRows = 2;  // next_n served (DSv4 decode: 1, or 2 with one MTP token)
 constexpr int kTmaMaxBoxes = kWgKeys / 8;  // cache blocks per tile at the smallest block size served
