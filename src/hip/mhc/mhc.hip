@@ -15,6 +15,18 @@
 // second dimension, so that a handful of tokens (decode) still fills the GPU; each slice writes its partial
 // sums, which the epilogue kernel adds in a fixed order (no atomics: the result does not depend on
 // scheduling).
+//
+// Where pre's time goes (H200, inputs past the L2, per kernel): hidden 4096, 1024 tokens: fn split 2.5 us,
+// dots 17.1, epilogue 7.0, collapse 8.7 (42 MB: 4.8 TB/s, so its residual reads partly hit the L2); 8192 tokens:
+// 2.5, 78.9, 9.6, 76.6; hidden 7168, 1024 tokens: 3.3, 25.7, 6.9, 16.8; 8192 tokens: 3.5, 132.3, 9.4, 133.6.
+// The dots and the collapse each read the whole residual, so at 8192 tokens those two reads and the output
+// take 142 / 248 us at the copy bandwidth, more than 70% of it allows for the bytes the op must move (113 /
+// 197 us). Reading the residual once needs each token's flattened row on chip from its dots to its collapse,
+// with the epilogue's latency (the Sinkhorn steps, a serial chain) hidden behind other tokens' loads and dots:
+// e.g. a cluster of 16 blocks, each holding its slice of fn (hidden 4096: 96 KB fp32) and three 16-token
+// residual slices (3 x 32 KB: one loading, one in its dots, one waiting for its epilogue), adding the slices'
+// sums through distributed shared memory. At hidden 7168 the fn slice alone is 168 KB, which leaves room for
+// one residual slice: no overlap.
 #include "dsv4/bf16.h"
 #include "dsv4/launch.h"
 #include "mhc_launchers.h"
@@ -53,7 +65,9 @@ constexpr int kMaxSplits = 128;
 // and the token's residual loads during its epilogue). Beyond, pre's epilogue (the Sinkhorn chain) holds
 // each block's collapse back too long; the head's (a sigmoid) does not. H200, same run, merged vs separate:
 // pre 13.3-16.9 vs 16.1-20.4 us at 65-128 tokens, 22.4 vs 19.3 at 192 (hidden 4096); hc_head 6.4-21.4 vs
-// 8.9-22.0 us at 65-768 tokens, 27.2 vs 26.5 at 1024.
+// 8.9-22.0 us at 65-768 tokens, 27.2 vs 26.5 at 1024. Pre merged at every size, later run (inputs past the L2):
+// hidden 4096 256 tokens 21.5 -> 25.3 us, 1024 36.7 -> 69.9, 2048 56.0 -> 134.0, 8192 172.1 -> 440.5; hidden
+// 7168 1024 tokens 56.0 -> 88.5, 8192 289.9 -> 530.7.
 DSV4_HD constexpr int64_t merged_epilogue_max_tokens(int mixes) { return mixes == mhc::kPreMixes ? 128 : 768; }
 // Tokens up to which the post and dots kernels are launched to overlap the kernel before them
 // (launch_overlapping): each waits for it before reading, and the launch latency between short kernels is
