@@ -329,6 +329,10 @@ __global__ void __launch_bounds__(kDotsWarps * kWarpSize) mhc_dots_kernel(MhcPre
   };
   // Pipeline: while a chunk is multiplied (fn from one shared buffer), the next chunk's stream values and
   // fn values load into registers, and the fn values then go to the other buffer: one barrier per chunk.
+  // Stream values two chunks ahead through a cp.async ring in shared memory instead (NVIDIA; three stages,
+  // each lane copying its own 16-byte halves of its runs) were slower on the H200 at every size, same run:
+  // hidden 4096, 1024 tokens 36.6 -> 46.5 us, 8192 tokens 172.6 -> 245.8; hidden 7168, 8192 tokens 285.3 ->
+  // 411.1; 1-64 tokens 0-8% slower (mHC GPU tests passed on it).
   Runs next_runs;
   // Launched to overlap the kernel before it. With kPresplit that is the fn split, which released this
   // kernel at its start: the residual, complete before the split began, loads before the wait for the split
