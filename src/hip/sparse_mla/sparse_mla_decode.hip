@@ -1036,12 +1036,13 @@ __global__ void DSV4_SPARSE_MLA_BOUNDS sparse_mla_partial_kernel(SparseMlaDecode
 // QK(i + 1) issued before the softmax of tile i (scores in flight across the loop's end) made ptxas serialize
 // every wgmma of the kernel. Nor did it pay to drop the producer group: two groups (256 threads, 255 registers,
 // no spills, the MMAs kept asynchronous) that each decode half of tile i + 1 behind their own QK(i) and PV(i)
-// (two key tiles, three record stages) were 5-11% slower on the H200 (graph replay, same run: 64 heads, 640
+// (two key tiles, three record stages) were 1-11% slower on the H200 (graph replay, same run: 64 heads, 640
 // keys a row, T = 128 66.6 -> 71.3 us, T = 32 29.2 -> 30.5; 128 heads, 1152 keys, T = 128 205.4 -> 228.1;
-// sparse MLA GPU tests of the kernel's sizes passed on it). In ncu (base clocks, 64 heads, T = 128) its warps
-// issued on 33% of cycles, ~1180 instructions a warp a tile (the decode ~370, the accumulator rescale 128),
-// stalled per issue ~1.3 cycles on instruction fetch, ~1.3 on fixed-latency dependencies, ~0.7 on
-// shared-memory results and ~0.5 at barriers: spread over every warp, the decode still issues slowly.
+// 192-384 keys 1-5%; sparse MLA GPU tests of the kernel's sizes passed on it). In ncu (base clocks, 64 heads,
+// T = 128) its warps issued on 33% of cycles, ~1180 instructions a warp a tile (the decode ~370, the
+// accumulator rescale 128), stalled per issue ~1.3 cycles on instruction fetch, ~1.3 on fixed-latency
+// dependencies, ~0.7 on shared-memory results and ~0.5 at barriers: spread over every warp, the decode still
+// issues slowly.
 constexpr int kWgHeads = 64;
 constexpr int kWgGroupThreads = 128;
 constexpr int kWgConsumerThreads = 2 * kWgGroupThreads;
