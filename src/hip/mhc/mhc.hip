@@ -334,8 +334,9 @@ __global__ void __launch_bounds__(kDotsWarps * kWarpSize) mhc_dots_kernel(MhcPre
   // hidden 4096, 1024 tokens 36.6 -> 46.5 us, 8192 tokens 172.6 -> 245.8; hidden 7168, 8192 tokens 285.3 ->
   // 411.1; 1-64 tokens 0-8% slower (mHC GPU tests passed on it). The same with each copy instruction covering
   // 64 contiguous bytes of a row (a row's lanes copying for each other, then __syncwarp): no better (46.7,
-  // 247.2, 413.1 against 36.7, 171.6, 286.0). Not measured, so only a guess: the ring's shared memory (42 / 66
-  // KB a block) leaves the L1 little room for the fn chunks that several blocks of a multiprocessor read.
+  // 247.2, 413.1 against 36.7, 171.6, 286.0). The L1 that the ring's shared memory (42 / 66 KB a block) takes
+  // away explains only part of that: this path with the L1 at its smallest (carve-out preference 100% shared)
+  // was 7-10% slower (36.0 -> 38.4, 170.2 -> 184.7, 279.9 -> 307.0 us).
   Runs next_runs;
   // Launched to overlap the kernel before it. With kPresplit that is the fn split, which released this
   // kernel at its start: the residual, complete before the split began, loads before the wait for the split
