@@ -271,11 +271,11 @@ def test_bmm_every_code_of_both_encodings(x_dtype, w_dtype, m, misaligned, devic
 
 
 @gpu
-@pytest.mark.parametrize("m,groups", [(64, 8), (64, 16), (129, 8), (300, 16)])
+@pytest.mark.parametrize("m,groups", [(64, 8), (64, 16), (100, 8), (200, 2), (129, 8), (300, 16)])
 def test_gpu_bmm_every_code_through_the_exact_wgmma_tiles(m, groups):
-    """The same check at sizes whose fp32 sums the sm_90a build serves with the f16 wgmma kernel (its 64 x 64,
-    64 x 128, 128 x 128 and 256 x 128 tiles, the last with a partial second tile; OCP operands, whose bytes it
-    converts to f16 itself)."""
+    """The same check at sizes whose fp32 sums the sm_90a build serves with the f16 wgmma kernels (the small-M
+    kernel with K split over two blocks and unsplit; the 64 x 128, 64 x 64, 128 x 128 and 256 x 128 tiles, the
+    last with a partial second tile; OCP operands, whose bytes they convert to f16 themselves)."""
     check_every_code(torch.float8_e4m3fn, torch.float8_e4m3fn, m, groups, False, "cuda")
 
 
@@ -292,13 +292,13 @@ def assert_fp32_sums_on_device(x, w, x_scale, w_scale, device):
 
 @gpu
 @pytest.mark.parametrize("spread", [0, 15, 16, 60])
-@pytest.mark.parametrize("m,groups", [(64, 8), (64, 16), (129, 8), (300, 16)])
+@pytest.mark.parametrize("m,groups", [(64, 8), (64, 16), (100, 8), (129, 8), (300, 16)])
 def test_gpu_exact_wgmma_scales_in_f16_or_folded(spread, m, groups):
-    """The f16 wgmma kernel's two forms for fp32 sums: where every row's block scales 2^(xs + ws - 254) lie
-    within 2^15 of the row's largest (spread <= 15) it multiplies A by them in f16, down to f16's smallest
-    subnormal for the smallest e4m3 code at the far end, and sums all of K in fp32; with a wider spread in a
-    block it folds each K block in fp32 (the 256 x 128 tiles, at 300 rows and 16 groups, one 64-row slice a
-    pass). Every finite code, each row's scales spanning exactly `spread`, against fp64: within 2^-14 of the
+    """The f16 wgmma kernels' two forms for fp32 sums: where every row's block scales 2^(xs + ws - 254) lie
+    within 2^15 of the row's largest (spread <= 15) they multiply the operand of the rows (the small-M kernel:
+    of the tokens) by them in f16, down to f16's smallest subnormal for the smallest e4m3 code at the far end,
+    and sum all of K in fp32; with a wider spread in a block they fold each K block in fp32 (the 256 x 128
+    tiles, at 300 rows and 16 groups, one 64-row slice a pass). Every finite code, each row's scales spanning exactly `spread`, against fp64: within 2^-14 of the
     sum of the absolute scaled products, as check_every_code."""
     n, k = 1024, 512
     x = _random_codes((m, groups, k), torch.float8_e4m3fn, seed=spread + m)
@@ -316,11 +316,12 @@ def test_gpu_exact_wgmma_scales_in_f16_or_folded(spread, m, groups):
 @gpu
 @pytest.mark.parametrize("spread", [4, 40])
 @pytest.mark.parametrize("k_blocks", [1, 2, 3, 5])
-@pytest.mark.parametrize("m,groups", [(40, 8), (200, 2), (129, 8), (300, 16)])
+@pytest.mark.parametrize("m,groups", [(40, 8), (64, 16), (200, 2), (129, 8), (300, 16)])
 def test_gpu_exact_wgmma_k_block_counts(k_blocks, spread, m, groups):
-    """K depths of 1, 2, 3 and 5 blocks through the f16 wgmma kernel's 64 x 64 tiles (K split over a cluster of
-    two blocks from 2 K blocks: shares of 1 + 1, 1 + 2 and 2 + 3; one K block unsplit; at 200 rows a last tile
-    of 8 rows), its 128 x 128 and 256 x 128 tiles, both forms (spread 4: scales in f16; 40: per-block fold): the
+    """K depths of 1, 2, 3 and 5 blocks through the f16 wgmma kernels: at 40 rows and 8 groups the small-M kernel
+    (the weight as the A operand) with K split over a cluster of two blocks from 2 K blocks (shares of 1 + 1,
+    1 + 2 and 2 + 3; one K block unsplit), at 64 rows and 16 groups unsplit; the 64 x 64 tiles at 200 rows (a
+    last tile of 8 rows), the 128 x 128 and 256 x 128 tiles, both forms (spread 4: scales in f16; 40: per-block fold): the
     256 x 128 tiles' two slices take turns block by block (a last block with slice 1's turn alone), and the scale
     scan splits K over 4 lanes (lanes with no block when K has fewer than 4). Against fp64 within 2^-14 of the
     sum of the absolute scaled products."""

@@ -1686,6 +1686,356 @@ __global__ void __launch_bounds__(128 * kWarpGroups) bmm_wgmma_f16_kernel(BmmA8W
 #endif
 }
 
+// ---- Decode sizes on f16 wgmma: the weight as the A operand ----
+// bmm_wgmma_f16_small_m_kernel: the fp32 sums for M <= 64 (taken from 33 rows), where the op streams the weight
+// once and the tokens are few. The roles of bmm_wgmma_f16_kernel are swapped: the weight rows are the MMA's M dimension (a block owns
+// 128 of them, one row block of w_scale; a warp group 64) and go from global memory straight into registers,
+// kSmallMWeightAhead K blocks ahead, where they become the f16 A fragments; the tokens are its N dimension (64,
+// the ones past M zero), converted to f16 by all threads once per K block into a ring of kSmallMTokenStages
+// shared copies that both warp groups read. No weight byte passes through shared memory, and each is converted
+// once. In the scaled form (below) a warp group multiplies each K block as two chains (even and odd k steps into
+// two accumulators, added at the end), so that the unit has four independent chains an SM.
+// Measured on the H200 (N = 1024, K = 4096, graph replay, weights past the L2), against the f16 kernels it
+// replaces there (64 x 64 tiles split over two blocks, 64 x 128 tiles): G = 8, M = 64 19.9 us against 21.2;
+// G = 16, M = 64 33.6 against 36.2; G = 8, M = 40 19.0 against 20.6 (~215-256 TFLOP/s, a quarter of the f16
+// peak). With fewer weight rows (G <= 4 at N = 1024) its K splits over 4 or 8 blocks lost to the kernels below
+// (G = 4: 24.0 against 15.8; G = 1: 10.0 against 6.8), so it is not taken there. Also measured: the first
+// version, one accumulator chain a warp group and 4 K blocks of weight loads in flight, was slower at G = 16
+// (41.2 us; G = 8 20.0); its proxy fence before each barrier (SASS MEMBAR.ALL.CTA) is not the limit (left out,
+// timing only: 19.9 against 20.0 at G = 8); staging the weight and token bytes by cp.async into per-thread
+// shared slots, 6 K blocks deep, instead of register loads was slower still (34.8 us at G = 8).
+// The k permutation: in each K block lane t = lane % 4 holds bytes 32 t .. 32 t + 31 of its two weight rows
+// (lane / 4 and lane / 4 + 8 of its warp's 16); step s takes bytes 32 t + 4 s .. 32 t + 4 s + 3 as k slots
+// {2t, 2t+1} and {2t+8, 2t+9}, and the token copy puts each token's bytes at the same slots.
+// Scales: a block's weight rows share one w_scale byte per K block. Where every token's 2^(xs + ws - 254) lies
+// within 2^15 of its largest over K (and no byte is the E8M0 NaN), the token copy carries the scales relative to
+// that largest (exact, as in bmm_wgmma_f16_kernel) and all of K sums in one fp32 accumulator; otherwise each K
+// block multiplies into a fresh fragment, folded per token with its two exact factors. K splits over a cluster
+// of kKSplit blocks, which add their sums in rank order as bmm_wgmma_f16_kernel's do.
+constexpr int kSmallMTokens = 64;       // the MMA's N: a block serves M <= 64
+constexpr int kSmallMWeightRows = 128;  // a block's weight rows
+constexpr int kSmallMThreads = 256;     // two warp groups, 64 weight rows each
+constexpr int kSmallMTokenStages = 3;
+constexpr int kSmallMWeightAhead = 2;   // K blocks of weight loads in flight (32 KiB a block)
+constexpr uint32_t kSmallMCopyBytes = kSmallMTokens * kBlockK * 2;  // one K block's f16 token copy
+
+constexpr size_t small_m_shared_bytes() {
+  return static_cast<size_t>(kSmallMTokenStages) * kSmallMCopyBytes + 1024;  // + alignment
+}
+
+#if defined(DSV4_WGMMA)
+DSV4_DEVICE uint4 load_streaming_16(const uint8_t* address) {
+  uint4 v;
+  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(address));
+  return v;
+}
+
+DSV4_DEVICE uint32_t word_of(const uint4& v, int i) { return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w; }
+
+DSV4_DEVICE void store_shared_u32(uint32_t address, uint32_t value) {
+  asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(address), "r"(value) : "memory");
+}
+
+DSV4_DEVICE void store_shared_f32(uint32_t address, float value) {
+  asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(address), "f"(value) : "memory");
+}
+
+// One output at `offset` of out, fp32 or bf16.
+DSV4_DEVICE void store_output_one(const BmmA8W8MxScaleArgs& args, int64_t offset, float v) {
+  if (args.out_fp32) {
+    static_cast<float*>(args.out)[offset] = v;
+  } else {
+    static_cast<uint16_t*>(args.out)[offset] = float_to_bf16_bits(v);
+  }
+}
+#endif  // DSV4_WGMMA
+
+template <int kKSplit>
+__global__ void __launch_bounds__(kSmallMThreads) bmm_wgmma_f16_small_m_kernel(BmmA8W8MxScaleArgs args) {
+  wait_for_previous_kernel();  // launched to overlap the kernel before it (launch_overlapping)
+#if defined(DSV4_WGMMA)
+  constexpr int kAcc = kSmallMTokens / 2;
+  constexpr int kSteps = kBlockK / 16;
+  extern __shared__ __align__(1024) uint8_t wgmma_shared[];
+  __shared__ int token_top[kSmallMTokens];
+  __shared__ uint8_t token_scales[kSmallMTokenStages][kSmallMTokens];
+  const uint32_t copy_base = swizzle_atom_aligned(shared_window_address(wgmma_shared));
+  const int tid = static_cast<int>(threadIdx.x);
+  const int lane = tid % 32;
+  const int part = lane % 4;  // which 32 bytes of a K block this thread's weight rows and token take
+  const int warp_group = tid / 128;
+  const int warp_in_group = (tid / 32) % 4;
+  const int64_t group = blockIdx.z;
+  const int64_t n0 = static_cast<int64_t>(blockIdx.x / kKSplit) * kSmallMWeightRows;
+  const int split_rank = kKSplit > 1 ? static_cast<int>(cluster_block_rank()) : 0;
+  const int64_t all_k_blocks = args.k / kBlockK;
+  const int64_t k_first = all_k_blocks * split_rank / kKSplit;
+  const int64_t k_blocks = all_k_blocks * (split_rank + 1) / kKSplit - k_first;
+  const int shift = encoding_shift(args);
+
+  // The token this thread converts (and scans the scales of): tid / 4, its bytes 32 part .. of each K block.
+  const int copy_token = tid / 4;
+  const bool token_inside = copy_token < args.m;
+  const uint8_t* x_scale_group = args.x_scale + group * args.x_scale_stride_g;
+  const uint8_t* x_scale_row = x_scale_group + copy_token * args.x_scale_stride_m;
+  const uint8_t* x_row = args.x + copy_token * args.x_stride_m + group * args.x_stride_g + part * 32;
+  const uint8_t* w_scale_row = args.w_scale + group * args.w_scale_stride_g + (n0 / kBlockK) * args.w_scale_stride_nb;
+  const int64_t weight_row = n0 + warp_group * 64 + warp_in_group * 16 + lane / 4;  // and weight_row + 8
+  const uint8_t* w_lo = args.w + group * args.w_stride_g + weight_row * args.w_stride_n + part * 32;
+  const uint8_t* w_hi = w_lo + 8 * args.w_stride_n;
+
+  // The weight loads of the first K blocks go out before the scale scan.
+  struct WeightBytes {
+    uint4 lo[2];  // row weight_row, bytes 32 part .. + 31
+    uint4 hi[2];  // row weight_row + 8
+  };
+  const auto load_weight = [&](int64_t kb, WeightBytes& b) {
+    const int64_t offset = (k_first + kb) * kBlockK;
+    b.lo[0] = load_streaming_16(w_lo + offset);
+    b.lo[1] = load_streaming_16(w_lo + offset + 16);
+    b.hi[0] = load_streaming_16(w_hi + offset);
+    b.hi[1] = load_streaming_16(w_hi + offset + 16);
+  };
+  WeightBytes raw[kSmallMWeightAhead];  // K block kb in raw[kb % kSmallMWeightAhead]
+#pragma unroll
+  for (int j = 0; j < kSmallMWeightAhead; ++j) {
+    if (j < k_blocks) load_weight(j, raw[j]);
+  }
+
+  // Each token's largest block exponent xs + ws over all of K (every block of a cluster scans all K blocks, so
+  // they agree on the form), and whether every block lies within 2^15 of it: the 4 threads of a token read
+  // every 4th K block each and combine their extremes.
+  int top = 0, bottom = 1 << 20;
+  bool within = true;
+  if (token_inside) {
+#pragma unroll 8
+    for (int64_t kb = part; kb < all_k_blocks; kb += 4) {
+      const uint32_t xs = x_scale_row[kb];
+      const uint32_t ws = w_scale_row[kb];
+      within = within && xs != kUe8m0NaN && ws != kUe8m0NaN;
+      const int e = static_cast<int>(xs + ws);
+      top = max(top, e);
+      bottom = min(bottom, e);
+    }
+  }
+#pragma unroll
+  for (int distance = 1; distance < 4; distance *= 2) {
+    top = max(top, __shfl_xor_sync(0xffffffffu, top, distance));
+    bottom = min(bottom, __shfl_xor_sync(0xffffffffu, bottom, distance));
+  }
+  within = within && (!token_inside || top - bottom <= 15);
+  if (part == 0) token_top[copy_token] = top;
+  const bool scaled_in_f16 = __syncthreads_and(within) != 0;
+
+  // The token copy of one K block: this thread's 32 bytes of its token and their scale.
+  struct TokenBytes {
+    uint4 v[2];
+    uint32_t xs;
+    uint32_t factor;  // f16x2 2^(xs + ws - top) in the scaled form
+  };
+  const auto load_tokens = [&](int64_t kb, TokenBytes& t) {
+    if (token_inside) {
+      t.v[0] = *reinterpret_cast<const uint4*>(x_row + (k_first + kb) * kBlockK);
+      t.v[1] = *reinterpret_cast<const uint4*>(x_row + (k_first + kb) * kBlockK + 16);
+      t.xs = x_scale_row[k_first + kb];
+      t.factor = f16x2_inverse_power_of_two(top - static_cast<int>(t.xs + w_scale_row[k_first + kb]));
+    } else {
+      t.v[0] = t.v[1] = make_uint4(0u, 0u, 0u, 0u);
+      t.xs = 127u;
+      t.factor = 0u;
+    }
+  };
+  // Copy `slot`: two 64-slot atoms (steps 0-3, 4-7) of 64 token rows of 128 bytes in the 128-byte swizzle. Word s
+  // of the thread's bytes is step s's slots {2 part, +1} (16-byte chunk 2 (s % 4)) and {2 part + 8, +9} (chunk
+  // 2 (s % 4) + 1), 4 bytes at 4 part: the 8 tokens x 4 parts of a warp's store hit 32 different banks.
+  const uint32_t token_at = static_cast<uint32_t>(copy_token * 128 + part * 4);
+  const uint32_t token_swizzle = static_cast<uint32_t>(copy_token % 8);
+  const auto store_tokens = [&](const TokenBytes& t, int slot, bool scaled) {
+    const uint32_t copy = copy_base + static_cast<uint32_t>(slot) * kSmallMCopyBytes + token_at;
+#pragma unroll
+    for (int s = 0; s < kSteps; ++s) {
+      uint32_t low, high;
+      ocp_fp8x4_to_f16x4(word_of(t.v[s / 4], s % 4), low, high);
+      if (scaled) {
+        low = f16x2_multiply(low, t.factor);
+        high = f16x2_multiply(high, t.factor);
+      }
+      const uint32_t atom = copy + static_cast<uint32_t>((s / 4) * kSmallMTokens * 128);
+      const uint32_t chunk = static_cast<uint32_t>(2 * (s % 4));
+      store_shared_u32(atom + ((chunk ^ token_swizzle) * 16), low);
+      store_shared_u32(atom + (((chunk + 1) ^ token_swizzle) * 16), high);
+    }
+    if (!scaled && part == 0) token_scales[slot][copy_token] = static_cast<uint8_t>(t.xs);
+  };
+
+  using AFragments = uint32_t[kSteps][4];
+  const auto convert_a = [&](const WeightBytes& b, AFragments& a) {
+#pragma unroll
+    for (int s = 0; s < kSteps; ++s) {
+      ocp_fp8x4_to_f16x4(word_of(b.lo[s / 4], s % 4), a[s][0], a[s][2]);
+      ocp_fp8x4_to_f16x4(word_of(b.hi[s / 4], s % 4), a[s][1], a[s][3]);
+    }
+  };
+  const auto multiply = [&](float (&d)[kAcc], const AFragments& a, int slot, bool accumulate_first) {
+    const uint32_t copy = copy_base + static_cast<uint32_t>(slot) * kSmallMCopyBytes;
+#pragma unroll
+    for (int s = 0; s < kSteps; ++s) {
+      const uint64_t b_desc =
+          swizzled_tile_descriptor(copy + static_cast<uint32_t>((s / 4) * kSmallMTokens * 128 + 32 * (s % 4)));
+      wgmma_m64n64k16_f16_rs(d, a[s], b_desc, s > 0 || accumulate_first ? 1u : 0u);
+    }
+  };
+  const auto multiply_two_chains = [&](float (&even)[kAcc], float (&odd)[kAcc], const AFragments& a, int slot,
+                                       bool accumulate_first) {
+    const uint32_t copy = copy_base + static_cast<uint32_t>(slot) * kSmallMCopyBytes;
+#pragma unroll
+    for (int s = 0; s < kSteps; ++s) {
+      const uint64_t b_desc =
+          swizzled_tile_descriptor(copy + static_cast<uint32_t>((s / 4) * kSmallMTokens * 128 + 32 * (s % 4)));
+      if (s % 2 == 0) {
+        wgmma_m64n64k16_f16_rs(even, a[s], b_desc, s > 1 || accumulate_first ? 1u : 0u);
+      } else {
+        wgmma_m64n64k16_f16_rs(odd, a[s], b_desc, s > 1 || accumulate_first ? 1u : 0u);
+      }
+    }
+  };
+  // Accumulator entry i: weight row weight_row + 8 * ((i / 2) % 2), token 8 * (i / 4) + 2 * part + i % 2.
+  const auto entry_token = [&](int i) { return 8 * (i / 4) + 2 * part + i % 2; };
+  const auto fold_block = [&](const float (&product)[kAcc], float (&sum)[kAcc], int64_t kb, int slot) {
+    const uint32_t ws = w_scale_row[k_first + kb];
+#pragma unroll
+    for (int j = 0; j < kAcc / 4; ++j) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const BlockScale f = block_scale(token_scales[slot][8 * j + 2 * part + e], ws, shift);
+        sum[4 * j + e] += (product[4 * j + e] * f.f1) * f.f2;
+        sum[4 * j + 2 + e] += (product[4 * j + 2 + e] * f.f1) * f.f2;
+      }
+    }
+  };
+
+  const auto owns_pair = [&](int i) { return kKSplit == 1 || (i / 2) % kKSplit == split_rank; };
+  const auto store = [&](const float (&sums)[kAcc], bool scaled) {
+#pragma unroll
+    for (int i = 0; i < kAcc; ++i) {
+      if (!owns_pair(i)) continue;
+      const int token = entry_token(i);
+      if (token >= args.m) continue;
+      BlockScale f = {1.0f, 1.0f};
+      if (scaled) {
+        const uint32_t e = static_cast<uint32_t>(token_top[token]);  // <= 508: two bytes below the E8M0 NaN
+        f = block_scale(e / 2, e - e / 2, shift);
+      }
+      const int64_t row = weight_row + 8 * ((i / 2) % 2);
+      store_output_one(args, token * args.out_stride_m + group * args.out_stride_g + row, (sums[i] * f.f1) * f.f2);
+    }
+  };
+  // As bmm_wgmma_f16_kernel's finish: with a split K each block leaves its sums in its own shared memory (entry i
+  // of thread t at word i * 256 + t) and adds a share of the entries over the blocks in rank order.
+  const auto finish = [&](const float (&sums)[kAcc], bool scaled) {
+    if constexpr (kKSplit == 1) {
+      store(sums, scaled);
+    } else {
+      __syncthreads();  // every warp group is done with the token copies
+      const auto entry_address = [&](int i) {
+        return copy_base + static_cast<uint32_t>((i * kSmallMThreads + tid) * 4);
+      };
+#pragma unroll
+      for (int i = 0; i < kAcc; ++i) store_shared_f32(entry_address(i), sums[i]);
+      cluster_barrier();
+      float totals[kAcc];
+#pragma unroll
+      for (int i = 0; i < kAcc; ++i) {
+        totals[i] = 0.0f;
+        if (!owns_pair(i)) continue;
+        totals[i] = load_cluster_shared_f32(entry_address(i), 0);
+#pragma unroll
+        for (int rank = 1; rank < kKSplit; ++rank) totals[i] += load_cluster_shared_f32(entry_address(i), rank);
+      }
+      cluster_barrier();  // no block leaves while another reads its shared memory
+      store(totals, scaled);
+    }
+  };
+
+  // One pass over the block's K blocks. K block kb multiplies from copy kb % kSmallMTokenStages and A fragments
+  // a[kb % 2] (the scaled form into acc and, its odd k steps, product); meanwhile block kb + 1's A is converted
+  // and its tokens copied, and the weight of block kb + 1 + kSmallMWeightAhead and the tokens of block kb + 3
+  // are loaded.
+  const auto pass = [&](auto scaled_tag) {
+    constexpr bool kScaled = decltype(scaled_tag)::value;
+    float acc[kAcc];
+    float product[kAcc];  // the folded form's block product, the scaled form's second chain
+#pragma unroll
+    for (int i = 0; i < kAcc; ++i) acc[i] = product[i] = 0.0f;
+    TokenBytes tokens[2];  // K block kb's in tokens[kb % 2]
+    AFragments a[2];
+    load_tokens(0, tokens[0]);
+    if (1 < k_blocks) load_tokens(1, tokens[1]);
+    store_tokens(tokens[0], 0, kScaled);
+    if (2 < k_blocks) load_tokens(2, tokens[0]);
+    convert_a(raw[0], a[0]);
+    if (kSmallMWeightAhead < k_blocks) load_weight(kSmallMWeightAhead, raw[0]);
+    fence_shared_writes_for_wgmma();
+    __syncthreads();
+
+    // K block kb with kb % 4 == kPhase (static register indices).
+    const auto step = [&](auto phase_tag, int64_t kb) {
+      constexpr int kPhase = decltype(phase_tag)::value;
+      constexpr int kNext = (kPhase + 1) % kSmallMWeightAhead;
+      const int slot = static_cast<int>(kb % kSmallMTokenStages);
+      pin_registers(acc);
+      pin_registers(product);
+      wgmma_fence();
+      if constexpr (kScaled) {
+        multiply_two_chains(acc, product, a[kPhase % 2], slot, kb > 0);
+      } else {
+        multiply(product, a[0], slot, false);
+      }
+      wgmma_commit();
+      if constexpr (kScaled) {
+        wgmma_wait<1>();  // block kb - 1's multiply done: its A registers and token copy are free
+      } else {
+        wgmma_wait<0>();
+        pin_registers(product);
+        fold_block(product, acc, kb, slot);
+      }
+      if (kb + 1 >= k_blocks) return;
+      convert_a(raw[kNext], a[kScaled ? kNext % 2 : 0]);
+      if (kb + 1 + kSmallMWeightAhead < k_blocks) load_weight(kb + 1 + kSmallMWeightAhead, raw[kNext]);
+      // Copy (kb + 1) % 3 last served block kb - 2, which both warp groups finished before the last barrier.
+      store_tokens(tokens[kNext % 2], slot == kSmallMTokenStages - 1 ? 0 : slot + 1, kScaled);
+      if (kb + 3 < k_blocks) load_tokens(kb + 3, tokens[kNext % 2]);
+      fence_shared_writes_for_wgmma();
+      __syncthreads();  // copy (kb + 1) % 3 complete
+    };
+    for (int64_t kb = 0; kb < k_blocks; kb += 2) {
+      step(std::integral_constant<int, 0>{}, kb);
+      if (kb + 1 < k_blocks) step(std::integral_constant<int, 1>{}, kb + 1);
+    }
+    wgmma_wait<0>();
+    pin_registers(acc);
+    pin_registers(product);
+    if constexpr (kScaled) {
+#pragma unroll
+      for (int i = 0; i < kAcc; ++i) acc[i] += product[i];
+    }
+    finish(acc, kScaled);
+  };
+  if (scaled_in_f16) {
+    pass(std::true_type{});
+  } else {
+    pass(std::false_type{});
+  }
+#else
+  (void)args;
+#if DSV4_DEVICE_PASS
+  device_trap();  // no wgmma in this device pass; the launcher only picks this kernel for sm_90a builds on sm_90
+#endif
+#endif
+}
+
 // kKSplit > 1: clusters of kKSplit blocks along x share each output tile, splitting its K blocks (at least one
 // each: all_k_blocks >= kKSplit, checked by the caller).
 template <int kWarpGroups, int kSubTiles, int kBlockN, int kStages, int kKSplit = 1>
@@ -1699,6 +2049,19 @@ LaunchStatus launch_wgmma_f16(const BmmA8W8MxScaleArgs& args, hipStream_t stream
   const dim3 grid(static_cast<unsigned>(args.n / kBlockN * kKSplit), static_cast<unsigned>(m_tiles),
                   static_cast<unsigned>(args.groups));
   launch_overlapping_in_clusters(kernel, grid, dim3(Shape::kThreads), shared_bytes, stream, kKSplit, args);
+  return last_launch_status();
+}
+
+template <int kKSplit>
+LaunchStatus launch_wgmma_f16_small_m(const BmmA8W8MxScaleArgs& args, hipStream_t stream) {
+  constexpr auto kernel = bmm_wgmma_f16_small_m_kernel<kKSplit>;
+  constexpr size_t shared_bytes = small_m_shared_bytes();
+  if (args.m > kSmallMTokens || args.groups > 65535 || args.k / kBlockK < kKSplit) {
+    return LaunchStatus::kInvalidArgument;
+  }
+  if (!allow_dynamic_shared_memory<kernel>(shared_bytes)) return LaunchStatus::kLaunchFailed;
+  const dim3 grid(static_cast<unsigned>(args.n / kSmallMWeightRows * kKSplit), 1u, static_cast<unsigned>(args.groups));
+  launch_overlapping_in_clusters(kernel, grid, dim3(kSmallMThreads), shared_bytes, stream, kKSplit, args);
   return last_launch_status();
 }
 
@@ -1782,6 +2145,8 @@ LaunchStatus launch_bmm_a8w8_mxscale(const BmmA8W8MxScaleArgs& args, void* strea
   // 21.3 / 24.6 / 35.9 us; G = 4, M = 128 20.8 / 24.2 / 34.4; G = 2, M = 256 20.0 / 23.1 / 31.9; G = 1, M = 256
   // 15.2 / 22.3 / 17.2; G = 1, M = 512 20.3 / 20.3 / 46.6. Splitting over 4 blocks was slower (G = 8, M = 64:
   // 36.4), and so was splitting the 64 x 128 tiles that G = 16, M = 64 takes (45.6 against 36.2 in one run).
+  // From 33 to 64 rows with 64 or more 128-row weight tiles (N = 1024: G >= 8), bmm_wgmma_f16_small_m_kernel
+  // instead (its comment has the numbers), which takes the 64 x 64 and 64 x 128 tiles' place there.
   // (Grids of more than 65535 M tiles, M > 4M rows, take the kernels below, whose M tiles run along x.)
   // (OCP operands only: the FNUZ codes an OCP unit cannot hold are rewritten per fragment by the kernels below.)
   if (vector && args.x_format == Fp8Format::kOCP && args.w_format == Fp8Format::kOCP &&
@@ -1797,6 +2162,13 @@ LaunchStatus launch_bmm_a8w8_mxscale(const BmmA8W8MxScaleArgs& args, void* strea
     } else {
       if (args.m > 64 && tall_tiles >= 128) return launch_wgmma_f16<2, 2, 128, 3>(args, hip_stream);
       if (args.m > 64 && large_tiles >= 128) return launch_wgmma_f16<2, 1, 128, 5>(args, hip_stream);
+      // 33-64 rows with at least 64 blocks of 128 weight rows (N = 1024: G >= 8): the weight as the A operand,
+      // K split over two blocks where there are fewer than 128 of them (and K has two blocks).
+      const int64_t weight_row_tiles = args.n / kSmallMWeightRows * args.groups;
+      if (args.m > 32 && args.m <= kSmallMTokens && weight_row_tiles >= 64) {
+        if (weight_row_tiles < 128 && args.k / kBlockK >= 2) return launch_wgmma_f16_small_m<2>(args, hip_stream);
+        return launch_wgmma_f16_small_m<1>(args, hip_stream);
+      }
       if (args.m > 32 && wide_tiles >= 128) return launch_wgmma_f16<1, 1, 128, 6>(args, hip_stream);
       if (args.m > 32 && small_tiles >= 64) {
         if (args.k / kBlockK >= 2) return launch_wgmma_f16<1, 1, 64, 4, 2>(args, hip_stream);
