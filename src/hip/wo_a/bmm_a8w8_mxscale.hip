@@ -1760,7 +1760,7 @@ __global__ void __launch_bounds__(kSmallMThreads) bmm_wgmma_f16_small_m_kernel(B
   constexpr int kSteps = kBlockK / 16;
   extern __shared__ __align__(1024) uint8_t wgmma_shared[];
   __shared__ int token_top[kSmallMTokens];
-  __shared__ uint8_t token_scales[kSmallMTokenStages][kSmallMTokens];
+  __shared__ uint8_t token_scales[kSmallMTokenStages][kSmallMTokens];  // x_scale bytes of the copies' K blocks
   const uint32_t copy_base = swizzle_atom_aligned(shared_window_address(wgmma_shared));
   const int tid = static_cast<int>(threadIdx.x);
   const int lane = tid % 32;
@@ -1832,8 +1832,8 @@ __global__ void __launch_bounds__(kSmallMThreads) bmm_wgmma_f16_small_m_kernel(B
   // The token copy of one K block: this thread's 32 bytes of its token and their scale.
   struct TokenBytes {
     uint4 v[2];
-    uint32_t xs;
-    uint32_t factor;  // f16x2 2^(xs + ws - top) in the scaled form
+    uint32_t xs;      // the token's x_scale byte (127 past M)
+    uint32_t factor;  // f16x2 2^(xs + ws - top), used in the scaled form only (where top - xs - ws <= 15)
   };
   const auto load_tokens = [&](int64_t kb, TokenBytes& t) {
     if (token_inside) {
@@ -1903,6 +1903,7 @@ __global__ void __launch_bounds__(kSmallMThreads) bmm_wgmma_f16_small_m_kernel(B
   };
   // Accumulator entry i: weight row weight_row + 8 * ((i / 2) % 2), token 8 * (i / 4) + 2 * part + i % 2.
   const auto entry_token = [&](int i) { return 8 * (i / 4) + 2 * part + i % 2; };
+  // The folded form: sum += product * 2^(xs + ws - 254 + shift) per token, K block kb (in token copy `slot`).
   const auto fold_block = [&](const float (&product)[kAcc], float (&sum)[kAcc], int64_t kb, int slot) {
     const uint32_t ws = w_scale_row[k_first + kb];
 #pragma unroll
@@ -1980,7 +1981,7 @@ __global__ void __launch_bounds__(kSmallMThreads) bmm_wgmma_f16_small_m_kernel(B
     fence_shared_writes_for_wgmma();
     __syncthreads();
 
-    // K block kb with kb % 4 == kPhase (static register indices).
+    // K block kb with kb % 2 == kPhase (static register indices).
     const auto step = [&](auto phase_tag, int64_t kb) {
       constexpr int kPhase = decltype(phase_tag)::value;
       constexpr int kNext = (kPhase + 1) % kSmallMWeightAhead;
