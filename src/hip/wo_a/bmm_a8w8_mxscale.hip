@@ -1228,6 +1228,35 @@ DSV4_DEVICE uint32_t f16x2_multiply(uint32_t a, uint32_t b) {
   asm("mul.rn.f16x2 %0, %1, %2;\n" : "=r"(product) : "r"(a), "r"(b));
   return product;
 }
+
+DSV4_DEVICE void store_shared_f32(uint32_t address, float value) {
+  asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(address), "f"(value) : "memory");
+}
+
+// K split over a cluster of kKSplit blocks: each block leaves its kAcc fp32 sums in its own shared memory at
+// `base` (entry i of thread t at word i * kThreads + t), and thread t adds the entries of its block's share,
+// pairs i / 2 with (i / 2) % kKSplit == rank, over the blocks in rank order (the same order wherever it runs);
+// its other totals are 0. The caller's threads are done with the shared memory at base.
+template <int kKSplit, int kThreads, int kAcc>
+DSV4_DEVICE void add_sums_over_cluster(const float (&sums)[kAcc], float (&totals)[kAcc], uint32_t base, int tid,
+                                       int rank) {
+  const auto entry_address = [&](int i) { return base + static_cast<uint32_t>((i * kThreads + tid) * 4); };
+#pragma unroll
+  for (int i = 0; i < kAcc; ++i) store_shared_f32(entry_address(i), sums[i]);
+  cluster_barrier();
+#pragma unroll
+  for (int i = 0; i < kAcc; ++i) {
+    totals[i] = 0.0f;
+    if ((i / 2) % kKSplit != rank) continue;
+    totals[i] = load_cluster_shared_f32(entry_address(i), 0);
+#pragma unroll
+    for (int r = 1; r < kKSplit; ++r) totals[i] += load_cluster_shared_f32(entry_address(i), r);
+  }
+  // No block leaves while another reads its shared memory. Before the callers' stores, so that the barrier's
+  // release waits for these reads only (after the stores, ncu put 3.4% of the warps' samples at G = 8, M = 64 on
+  // that wait in bmm_wgmma_f16_kernel; H200 timing moved within run-to-run spread, 21.3 -> 20.9 us).
+  cluster_barrier();
+}
 #endif  // DSV4_WGMMA
 
 template <int kWarpGroups, int kSubTiles, int kBlockN, int kStages, int kKSplit>
@@ -1467,34 +1496,15 @@ __global__ void __launch_bounds__(128 * kWarpGroups) bmm_wgmma_f16_kernel(BmmA8W
     }
   };
 
-  // Slice u's sums to out once every K block is multiplied. With a split K the blocks of the cluster leave their
-  // sums in their own shared memory (entry i of thread t at word i * 128 + t), and each adds a share of the
-  // entries over the blocks in rank order (the same order wherever it runs).
+  // Slice u's sums to out once every K block is multiplied (with a split K, added over the cluster first).
   const auto finish = [&](int u, const float (&sums)[kAcc], bool scaled) {
     if constexpr (kKSplit == 1) {
       store(u, sums, scaled);
     } else {
       copy_async_wait<0>();
       __syncthreads();  // every warp is done with the stage buffers
-      const auto entry_address = [&](int i) { return shared_base + static_cast<uint32_t>((i * 128 + tid) * 4); };
-#pragma unroll
-      for (int i = 0; i < kAcc; ++i) {
-        asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(entry_address(i)), "f"(sums[i]) : "memory");
-      }
-      cluster_barrier();
       float totals[kAcc];
-#pragma unroll
-      for (int i = 0; i < kAcc; ++i) {
-        totals[i] = 0.0f;
-        if (!owns_pair(i)) continue;
-        totals[i] = load_cluster_shared_f32(entry_address(i), 0);
-#pragma unroll
-        for (int rank = 1; rank < kKSplit; ++rank) totals[i] += load_cluster_shared_f32(entry_address(i), rank);
-      }
-      // No block leaves while another reads its shared memory. Before the stores, so that the barrier's release
-      // waits for these reads only (after the stores, ncu put 3.4% of the warps' samples at G = 8, M = 64 on that
-      // wait; H200 timing moved within run-to-run spread, 21.3 -> 20.9 us).
-      cluster_barrier();
+      add_sums_over_cluster<kKSplit, 128>(sums, totals, shared_base, tid, split_rank);
       store(u, totals, scaled);
     }
   };
@@ -1738,10 +1748,6 @@ DSV4_DEVICE void store_shared_u32(uint32_t address, uint32_t value) {
   asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(address), "r"(value) : "memory");
 }
 
-DSV4_DEVICE void store_shared_f32(uint32_t address, float value) {
-  asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(address), "f"(value) : "memory");
-}
-
 // One output at `offset` of out, fp32 or bf16.
 DSV4_DEVICE void store_output_one(const BmmA8W8MxScaleArgs& args, int64_t offset, float v) {
   if (args.out_fp32) {
@@ -1933,29 +1939,14 @@ __global__ void __launch_bounds__(kSmallMThreads) bmm_wgmma_f16_small_m_kernel(B
       store_output_one(args, token * args.out_stride_m + group * args.out_stride_g + row, (sums[i] * f.f1) * f.f2);
     }
   };
-  // As bmm_wgmma_f16_kernel's finish: with a split K each block leaves its sums in its own shared memory (entry i
-  // of thread t at word i * 256 + t) and adds a share of the entries over the blocks in rank order.
+  // The sums to out (with a split K, added over the cluster first).
   const auto finish = [&](const float (&sums)[kAcc], bool scaled) {
     if constexpr (kKSplit == 1) {
       store(sums, scaled);
     } else {
       __syncthreads();  // every warp group is done with the token copies
-      const auto entry_address = [&](int i) {
-        return copy_base + static_cast<uint32_t>((i * kSmallMThreads + tid) * 4);
-      };
-#pragma unroll
-      for (int i = 0; i < kAcc; ++i) store_shared_f32(entry_address(i), sums[i]);
-      cluster_barrier();
       float totals[kAcc];
-#pragma unroll
-      for (int i = 0; i < kAcc; ++i) {
-        totals[i] = 0.0f;
-        if (!owns_pair(i)) continue;
-        totals[i] = load_cluster_shared_f32(entry_address(i), 0);
-#pragma unroll
-        for (int rank = 1; rank < kKSplit; ++rank) totals[i] += load_cluster_shared_f32(entry_address(i), rank);
-      }
-      cluster_barrier();  // no block leaves while another reads its shared memory
+      add_sums_over_cluster<kKSplit, kSmallMThreads>(sums, totals, copy_base, tid, split_rank);
       store(totals, scaled);
     }
   };
