@@ -792,6 +792,12 @@ __global__ void __launch_bounds__(kWgThreads, 2) logits_wgmma_kernel(Args args) 
 // that keeps the next sub-tile's chain in flight across the tile loop needs two 64-register accumulators (255
 // registers: two blocks an SM), and ptxas (CUDA 13.0) then serializes every wgmma (C7518, "WG.DP in divergent path":
 // the chain in flight crosses branches on the rows' lengths); compiled only, not run.
+// Where the 32k cells' time goes (ncu, B = 32, 32k, at the profiler's base clock of 1.34 GHz): next_n = 1 18.3 us,
+// next_n = 2 22.5 us, 1.36x their times at the 1.98 GHz boost clock (a 1.48x clock ratio), so about three quarters
+// of the time scales with the SM clock, not with DRAM (33-41% busy); SMs active 85% of the elapsed cycles, issuing
+// on 31-35% of them. Stall samples: the end-of-tile __syncthreads 18-24%, long-scoreboard waits at the tile loop's
+// head (probably the copy's barrier) 8-13%, the wgmma waits 6-8%. Fewer SM cycles a tile (less waiting between
+// the two warp groups), rather than more copies in flight, is what these cells need.
 constexpr int kTmaStages = 2;
 constexpr int kTmaMaxRows = 2;  // next_n served (DSv4 decode: 1, or 2 with one MTP token)
 constexpr int kTmaMaxBoxes = kWgKeys / 8;  // cache blocks per tile at the smallest block size served
