@@ -1722,8 +1722,11 @@ __global__ void __launch_bounds__(128 * kWarpGroups) bmm_wgmma_f16_kernel(BmmA8W
 // cell); the weight through a TMA ring of 2-8 stages of 16 KiB in the 128-byte swizzle (mbarrier-completed box
 // copies, 60 fewer registers), 21.7-23.8 / 33.5-38.7 / 20.5-22.7, slower the more stages; the same ring with four
 // accumulator chains a warp group (no change); each half of the next weight block loaded right after its half of
-// the conversion (21.3 / 36.4 / 20.8). The schedule is sensitive: converting from a copy of the loaded bytes (the
-// same arithmetic; ptxas then gave 242 registers) ran G = 16 at 31.1 us but G = 8 (the split kernel) at 22.9.
+// the conversion (21.3 / 36.4 / 20.8). The schedule ptxas (CUDA 13.0) makes is sensitive to the form of the code:
+// converting from a copy of the loaded bytes (weight_of; the same arithmetic, 242 registers) runs the unsplit
+// kernel faster, G = 16, M = 64 30.9 us against 33.5-33.9 and M = 40 29.6 against 32.5-32.6 (same run, twice each;
+// a version without the unused block index, 31.0 / 29.8), but the split kernel slower (G = 8, M = 64: 22.9 against
+// 19.6), so only the unsplit kernel takes the copy. Re-measure both after touching this loop or the compiler.
 // The k permutation: in each K block lane t = lane % 4 holds bytes 32 t .. 32 t + 31 of its two weight rows
 // (lane / 4 and lane / 4 + 8 of its warp's 16); step s takes bytes 32 t + 4 s .. 32 t + 4 s + 3 as k slots
 // {2t, 2t+1} and {2t+8, 2t+9}, and the token copy puts each token's bytes at the same slots.
@@ -1894,6 +1897,12 @@ __global__ void __launch_bounds__(kSmallMThreads) bmm_wgmma_f16_small_m_kernel(B
       ocp_fp8x4_to_f16x4(word_of(b.hi[s / 4], s % 4), a[s][1], a[s][3]);
     }
   };
+  // K block kb's weight bytes, by value: the unsplit kernel converts this copy of `ahead`, the split one `ahead`
+  // itself (the same arithmetic; the schedules ptxas makes of the two forms differ: see the kernel's comment).
+  const auto weight_of = [&](int64_t kb, const WeightBytes& ahead) -> WeightBytes {
+    (void)kb;
+    return ahead;
+  };
   const auto multiply = [&](float (&d)[kAcc], const AFragments& a, int slot, bool accumulate_first) {
     const uint32_t copy = copy_base + static_cast<uint32_t>(slot) * kSmallMCopyBytes;
 #pragma unroll
@@ -1977,7 +1986,11 @@ __global__ void __launch_bounds__(kSmallMThreads) bmm_wgmma_f16_small_m_kernel(B
     if (1 < k_blocks) load_tokens(1, tokens[1]);
     store_tokens(tokens[0], 0, kScaled);
     if (2 < k_blocks) load_tokens(2, tokens[0]);
-    convert_a(raw[0], a[0]);
+    if constexpr (kKSplit == 1) {
+      convert_a(weight_of(0, raw[0]), a[0]);
+    } else {
+      convert_a(raw[0], a[0]);
+    }
     if (kSmallMWeightAhead < k_blocks) load_weight(kSmallMWeightAhead, raw[0]);
     fence_shared_writes_for_wgmma();
     __syncthreads();
@@ -2004,7 +2017,11 @@ __global__ void __launch_bounds__(kSmallMThreads) bmm_wgmma_f16_small_m_kernel(B
         fold_block(product, acc, kb, slot);
       }
       if (kb + 1 >= k_blocks) return;
-      convert_a(raw[kNext], a[kScaled ? kNext % 2 : 0]);
+      if constexpr (kKSplit == 1) {
+        convert_a(weight_of(kb + 1, raw[kNext]), a[kScaled ? kNext % 2 : 0]);
+      } else {
+        convert_a(raw[kNext], a[kScaled ? kNext % 2 : 0]);
+      }
       if (kb + 1 + kSmallMWeightAhead < k_blocks) load_weight(kb + 1 + kSmallMWeightAhead, raw[kNext]);
       // Copy (kb + 1) % 3 last served block kb - 2, which both warp groups finished before the last barrier.
       store_tokens(tokens[kNext % 2], slot == kSmallMTokenStages - 1 ? 0 : slot + 1, kScaled);
