@@ -1718,8 +1718,8 @@ __global__ void __launch_bounds__(128 * kWarpGroups) bmm_wgmma_f16_kernel(BmmA8W
 // mostly global-load latency (the A conversion waiting on a load: 14% of samples, a branch before it 7%) and the
 // per-K-block barrier (~10%); DRAM 35% busy, so more weight bytes in flight looked like the lever. Tried since,
 // same-run A/B against this kernel before the copy below (H200, graph replay; G = 8 M = 64 / G = 16 M = 64 /
-// G = 8 M = 40 at 19.6 / 33.5 / 18.5 us), all slower or mixed: an L2 prefetch of the rows 4-12 K blocks ahead (+2-3 us in every
-// cell); the weight through a TMA ring of 2-8 stages of 16 KiB in the 128-byte swizzle (mbarrier-completed box
+// G = 8 M = 40 at 19.6 / 33.5 / 18.5 us), all slower or mixed: an L2 prefetch of the rows 4-12 K blocks ahead
+// (+2-3 us in every cell); the weight through a TMA ring of 2-8 stages of 16 KiB in the 128-byte swizzle (mbarrier-completed box
 // copies, 60 fewer registers), 21.7-23.8 / 33.5-38.7 / 20.5-22.7, slower the more stages; the same ring with four
 // accumulator chains a warp group (no change); each half of the next weight block loaded right after its half of
 // the conversion (21.3 / 36.4 / 20.8). The schedule ptxas (CUDA 13.0) makes is sensitive to the form of the code:
