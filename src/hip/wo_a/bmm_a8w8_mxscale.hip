@@ -1714,19 +1714,19 @@ __global__ void __launch_bounds__(128 * kWarpGroups) bmm_wgmma_f16_kernel(BmmA8W
 // (41.2 us; G = 8 20.0); its proxy fence before each barrier (SASS MEMBAR.ALL.CTA) is not the limit (left out,
 // timing only: 19.9 against 20.0 at G = 8); staging the weight and token bytes by cp.async into per-thread
 // shared slots, 6 K blocks deep, instead of register loads was slower still (34.8 us at G = 8).
-// Profile (ncu, base clocks, G = 16, M = 64): one block of 8 warps an SM issues on 30% of cycles; the stalls are
-// mostly global-load latency (the A conversion waiting on a load: 14% of samples, a branch before it 7%) and the
-// per-K-block barrier (~10%); DRAM 35% busy, so more weight bytes in flight looked like the lever. Tried since,
-// same-run A/B against this kernel before the copy below (H200, graph replay; G = 8 M = 64 / G = 16 M = 64 /
-// G = 8 M = 40 at 19.6 / 33.5 / 18.5 us), all slower or mixed: an L2 prefetch of the rows 4-12 K blocks ahead
-// (+2-3 us in every cell); the weight through a TMA ring of 2-8 stages of 16 KiB in the 128-byte swizzle (mbarrier-completed box
-// copies, 60 fewer registers), 21.7-23.8 / 33.5-38.7 / 20.5-22.7, slower the more stages; the same ring with four
-// accumulator chains a warp group (no change); each half of the next weight block loaded right after its half of
-// the conversion (21.3 / 36.4 / 20.8). The schedule ptxas (CUDA 13.0) makes is sensitive to the form of the code:
-// converting from a copy of the loaded bytes (weight_of; the same arithmetic, 242 registers) runs the unsplit
-// kernel faster, G = 16, M = 64 30.9 us against 33.5-33.9 and M = 40 29.6 against 32.5-32.6 (same run, twice each;
-// a version without the unused block index, 31.0 / 29.8), but the split kernel slower (G = 8, M = 64: 22.9 against
-// 19.6), so only the unsplit kernel takes the copy. Re-measure both after touching this loop or the compiler.
+// Profile (ncu, base clocks, G = 16, M = 64): one block of 8 warps an SM issues on 30% of cycles; the stalls are mostly
+// global-load latency (the A conversion waiting on a load: 14% of samples, a branch before it 7%) and the per-K-block
+// barrier (~10%); DRAM 35% busy, so more weight bytes in flight looked like the lever. Tried since, same-run A/B
+// against this kernel before the copy below (H200, graph replay; G = 8 M = 64 / G = 16 M = 64 / G = 8 M = 40 at 19.6 /
+// 33.5 / 18.5 us), all slower or mixed: an L2 prefetch of the rows 4-12 K blocks ahead (+2-3 us in every cell); the
+// weight through a TMA ring of 2-8 stages of 16 KiB in the 128-byte swizzle (mbarrier-completed box copies, 60 fewer
+// registers), 21.7-23.8 / 33.5-38.7 / 20.5-22.7, slower the more stages; the same ring with four accumulator chains a
+// warp group (no change); each half of the next weight block loaded right after its half of the conversion (21.3 / 36.4
+// / 20.8). The schedule ptxas (CUDA 13.0) makes is sensitive to the form of the code: converting from a copy of the
+// loaded bytes (weight_of; the same arithmetic, 242 registers) runs the unsplit kernel faster, G = 16, M = 64 30.9 us
+// against 33.5-33.9 and M = 40 29.6 against 32.5-32.6 (same run, twice each; a version without the unused block index,
+// 31.0 / 29.8), but the split kernel slower (G = 8, M = 64: 22.9 against 19.6), so only the unsplit kernel takes the
+// copy. Re-measure both after touching this loop or the compiler.
 // The k permutation: in each K block lane t = lane % 4 holds bytes 32 t .. 32 t + 31 of its two weight rows
 // (lane / 4 and lane / 4 + 8 of its warp's 16); step s takes bytes 32 t + 4 s .. 32 t + 4 s + 3 as k slots
 // {2t, 2t+1} and {2t+8, 2t+9}, and the token copy puts each token's bytes at the same slots.
