@@ -654,7 +654,7 @@ template <class Block, class Args>
 __global__ void __launch_bounds__(kWgThreads, 2) logits_wgmma_kernel(Args args) {
   wait_for_previous_kernel();  // launched to overlap the kernel before it (launch_overlapping)
 #if defined(DSV4_WGMMA)
-  extern __shared__ __align__(1024) uint8_t wg_shared[];
+  DSV4_DYNAMIC_SHARED(uint8_t, wg_shared, 1024);
   const Block block(args);
   const uint32_t shared_raw = shared_window_address(wg_shared);
   const uint32_t padding = swizzle_atom_aligned(shared_raw) - shared_raw;
@@ -830,7 +830,7 @@ __global__ void __launch_bounds__(kWgThreads, 2)
 #endif
   wait_for_previous_kernel();  // launched to overlap the kernel before it (launch_overlapping)
 #if defined(DSV4_WGMMA)
-  extern __shared__ __align__(1024) uint8_t wg_shared[];
+  DSV4_DYNAMIC_SHARED(uint8_t, wg_shared, 1024);
   const PagedWgmmaBlock block(args);  // its keys, rows and windows (its n0 is not used: tiles run below)
   const uint32_t shared_raw = shared_window_address(wg_shared);
   const uint32_t padding = swizzle_atom_aligned(shared_raw) - shared_raw;

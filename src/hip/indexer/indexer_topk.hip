@@ -141,7 +141,7 @@ DSV4_DEVICE void find_coarse_bin(const uint32_t* coarse, uint32_t* thread_sums, 
 __global__ void __launch_bounds__(kTopkThreads) topk_per_row_kernel(TopkPerRowArgs args, int sort_size,
                                                                    int tie_capacity) {
   wait_for_previous_kernel();  // launched to overlap the kernel before it (launch_overlapping)
-  extern __shared__ __align__(16) unsigned long long region[];  // kRegionBytes
+  DSV4_DYNAMIC_SHARED(unsigned long long, region, 16);  // kRegionBytes
   unsigned long long* sorted = region;            // sort_size entries
   uint2* ties = reinterpret_cast<uint2*>(region + sort_size);  // tie_capacity (value key, column) pairs
   uint32_t* coarse = reinterpret_cast<uint32_t*>(region);      // first pass only

@@ -111,7 +111,7 @@ struct QnormRopeKvInsertArgs {
   const float* q_scale_inverse;  // 1 element, read on the device; with q_fp8 only
   const uint16_t* kv;            // bf16 [tokens, 512], rows kv_row_stride elements apart, 16-byte aligned
   int64_t kv_row_stride;
-  const uint16_t* kv_norm_weight;  // bf16 [512] or null: no KV norm
+  const uint16_t* kv_norm_weight;  // bf16 [512] or null: no KV norm (GPU: with kDsMlaRecord only)
   const int64_t* slot_mapping;
   int64_t insert_tokens;
   const int64_t* position_ids;

@@ -322,7 +322,8 @@ LaunchStatus launch_qnorm_rope_kv_insert(const QnormRopeKvInsertArgs& args, void
       args.kv_store == KvRowStore::kDsMlaRecord ? args.cache.block_size : args.rows.block_size;
   if (args.tokens < 0 || args.heads < 0 || args.padded_heads < args.heads || block_size <= 0 ||
       (args.q_fp8 != nullptr) != (args.kv_store == KvRowStore::kFp8Row) ||
-      (args.q_fp8 != nullptr && args.padded_heads != args.heads)) {
+      (args.q_fp8 != nullptr && args.padded_heads != args.heads) ||
+      (args.kv_norm_weight != nullptr && args.kv_store != KvRowStore::kDsMlaRecord)) {  // the KV norm: records only
     return LaunchStatus::kInvalidArgument;
   }
   const int64_t groups = args.tokens * (args.padded_heads + 1);

@@ -665,7 +665,7 @@ __global__ void DSV4_SPARSE_MLA_BOUNDS sparse_mla_partial_kernel(SparseMlaDecode
   constexpr int kThreadsPerRow = kThreads / kRows;          // softmax: 16 (one group) or 8 threads a row
   constexpr int kColsPerThread = kTileKeys / kThreadsPerRow;  // 2 or 4 keys a thread
   static_assert(kThreads % kRows == 0 && kTileKeys % kThreadsPerRow == 0, "softmax thread layout");
-  extern __shared__ __align__(16) unsigned char shared_bytes[];
+  DSV4_DYNAMIC_SHARED(unsigned char, shared_bytes, 16);
   Sh& sh = *reinterpret_cast<Sh*>(shared_bytes);
   const int tid = threadIdx.x;
   const int lane = tid % kWarpSize;
@@ -1240,7 +1240,7 @@ __global__ void __launch_bounds__(kWgThreads, 1) sparse_mla_wgmma_kernel(SparseM
   // Launched to overlap the kernel before (launch_overlapping): nothing is read or written before its end.
   wait_for_previous_kernel();
 #if defined(DSV4_WGMMA)
-  extern __shared__ __align__(1024) unsigned char wg_shared[];
+  DSV4_DYNAMIC_SHARED(unsigned char, wg_shared, 1024);
   const uint32_t shared_raw = shared_window_address(wg_shared);
   const uint32_t padding = swizzle_atom_aligned(shared_raw) - shared_raw;
   WgmmaShared& sh = *reinterpret_cast<WgmmaShared*>(wg_shared + padding);

@@ -445,7 +445,7 @@ __global__ void __launch_bounds__(kThreads) bmm_kernel(BmmA8W8MxScaleArgs args) 
     // back itself (no barrier: a thread's completed copies are visible to it). Chunk order per K block:
     // B [half][nt], then A [half][mt][h]; lane-major, so a warp's 16-byte reads are conflict-free.
     constexpr int kChunks = kStagedChunks<kMTiles, kNTiles>;
-    extern __shared__ uint4 staged[];
+    DSV4_DYNAMIC_SHARED(uint4, staged, 16);
     uint4* lane_slots = staged + static_cast<int64_t>(warp) * kRing * kChunks * kWarpSize + lane;
     uint32_t ws_ring[kRing];
     uint32_t xs_ring[kRing][kMTiles][kLaneRows];
@@ -1003,7 +1003,7 @@ __global__ void __launch_bounds__(128 * kWarpGroups) bmm_wgmma_kernel(BmmA8W8MxS
 #if defined(DSV4_WGMMA)
   using Shape = WgmmaShape<kWarpGroups, kBlockN>;
   constexpr int kAcc = Shape::kAcc;
-  extern __shared__ __align__(1024) uint8_t wgmma_shared[];
+  DSV4_DYNAMIC_SHARED(uint8_t, wgmma_shared, 1024);
   const uint32_t shared_base = swizzle_atom_aligned(shared_window_address(wgmma_shared));
   const int tid = static_cast<int>(threadIdx.x);
   const int lane = tid % 32;
@@ -1268,7 +1268,7 @@ __global__ void __launch_bounds__(128 * kWarpGroups) bmm_wgmma_f16_kernel(BmmA8W
   constexpr int kAhead = kStages - 1;  // K blocks in flight
   static_assert(kAhead >= 2, "the wait for the next block leaves one group pending");
   constexpr int kSteps = kBlockK / 16;
-  extern __shared__ __align__(1024) uint8_t wgmma_shared[];
+  DSV4_DYNAMIC_SHARED(uint8_t, wgmma_shared, 1024);
   const uint32_t shared_base = swizzle_atom_aligned(shared_window_address(wgmma_shared));
   const uint32_t copy_base = shared_base + kStages * Shape::kStageBytes;
   const int tid = static_cast<int>(threadIdx.x);
@@ -1777,7 +1777,7 @@ __global__ void __launch_bounds__(kSmallMThreads) bmm_wgmma_f16_small_m_kernel(B
 #if defined(DSV4_WGMMA)
   constexpr int kAcc = kSmallMTokens / 2;
   constexpr int kSteps = kBlockK / 16;
-  extern __shared__ __align__(1024) uint8_t wgmma_shared[];
+  DSV4_DYNAMIC_SHARED(uint8_t, wgmma_shared, 1024);
   __shared__ int token_top[kSmallMTokens];
   __shared__ uint8_t token_scales[kSmallMTokenStages][kSmallMTokens];  // x_scale bytes of the copies' K blocks
   const uint32_t copy_base = swizzle_atom_aligned(shared_window_address(wgmma_shared));

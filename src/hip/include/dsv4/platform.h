@@ -22,6 +22,12 @@ using hipError_t = cudaError_t;
 #define DSV4_GPU_COMPILER 0
 #endif
 
+// A kernel's dynamic shared memory (the launch's shared-memory bytes) as `type name[]`, at least
+// `alignment`-aligned. A host model of the device defines it first, as a pointer to its own buffer.
+#if DSV4_GPU_COMPILER && !defined(DSV4_DYNAMIC_SHARED)
+#define DSV4_DYNAMIC_SHARED(type, name, alignment) extern __shared__ __align__(alignment) type name[]
+#endif
+
 #if DSV4_GPU_COMPILER
 #define DSV4_HD __host__ __device__ __forceinline__
 #define DSV4_DEVICE __device__ __forceinline__

@@ -1,0 +1,284 @@
+// The HIP names the kernels of src/hip/ use, for their gfx942 / gfx950 paths built as host code on the
+// wave64 model of ../../wave_sim.h. Only the kernels' translation units see it: they are compiled by
+// clang with __HIPCC__, __HIP_PLATFORM_AMD__, __AMDGCN__, __HIP_DEVICE_COMPILE__ and __gfx942__ or
+// __gfx950__ defined, so that every `#if` picks the AMD device code, and with this folder first on
+// the include path. Semantics follow HIP's (and, for the builtins, the ISA's), not CUDA's.
+#pragma once
+
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+
+#include "../../wave_sim.h"
+
+#if !defined(__gfx942__) && !defined(__gfx950__)
+#error "define __gfx942__ or __gfx950__: the chip the kernels are built for"
+#endif
+
+// ---- qualifiers ---------------------------------------------------------------------------------
+#define __global__
+#define __device__
+#define __host__
+#define __forceinline__ inline
+#define __noinline__ __attribute__((noinline))
+#define __launch_bounds__(...)
+#define __align__(n) __attribute__((aligned(n)))
+// Blocks run one at a time, each to its end: a static local is the block's shared variable.
+#define __shared__ static
+// `extern __shared__` arrays (see dsv4/platform.h): the block's dynamic shared memory.
+#define DSV4_DYNAMIC_SHARED(type, name, alignment) \
+  type* const name = static_cast<type*>(::dsv4_sim::dynamic_shared_memory())
+
+// ---- vector types -------------------------------------------------------------------------------
+struct alignas(16) uint4 {
+  uint32_t x, y, z, w;
+};
+struct alignas(8) uint2 {
+  uint32_t x, y;
+};
+struct alignas(16) float4 {
+  float x, y, z, w;
+};
+struct alignas(8) float2 {
+  float x, y;
+};
+inline uint4 make_uint4(uint32_t x, uint32_t y, uint32_t z, uint32_t w) { return {x, y, z, w}; }
+inline uint2 make_uint2(uint32_t x, uint32_t y) { return {x, y}; }
+inline float4 make_float4(float x, float y, float z, float w) { return {x, y, z, w}; }
+inline float2 make_float2(float x, float y) { return {x, y}; }
+
+struct dim3 {
+  uint32_t x, y, z;
+  constexpr dim3(uint32_t x_ = 1, uint32_t y_ = 1, uint32_t z_ = 1) : x(x_), y(y_), z(z_) {}
+};
+
+#define threadIdx (::dsv4_sim::thread_index())
+#define blockIdx (::dsv4_sim::block_index())
+#define blockDim (::dsv4_sim::block_dim())
+#define gridDim (::dsv4_sim::grid_dim())
+#define warpSize (::dsv4_sim::kWaveSize)
+
+// ---- block and wave operations ------------------------------------------------------------------
+inline void __syncthreads() { ::dsv4_sim::sync_block(); }
+inline int __syncthreads_count(int predicate) { return ::dsv4_sim::sync_block_count(predicate != 0); }
+inline int __syncthreads_and(int predicate) {
+  return ::dsv4_sim::sync_block_count(predicate != 0) ==
+         static_cast<int>(::dsv4_sim::block_dim().x * ::dsv4_sim::block_dim().y * ::dsv4_sim::block_dim().z);
+}
+inline int __syncthreads_or(int predicate) { return ::dsv4_sim::sync_block_count(predicate != 0) > 0; }
+inline unsigned __lane_id() { return static_cast<unsigned>(::dsv4_sim::lane_id()); }
+
+namespace dsv4_sim {
+// The value of lane `source` of the last exchange, as T.
+template <typename T>
+T read_lane(const unsigned char* deposits, int source) {
+  static_assert(sizeof(T) <= kSlotBytes, "wave operand too large");
+  T value;
+  std::memcpy(&value, deposit_of(deposits, source), sizeof(T));
+  return value;
+}
+}  // namespace dsv4_sim
+
+// HIP: lane (src & (width - 1)) of the caller's group of `width` lanes.
+template <typename T>
+T __shfl(T var, int src_lane, int width = warpSize) {
+  const int self = ::dsv4_sim::lane_id();
+  const unsigned char* deposits = ::dsv4_sim::wave_exchange(&var, sizeof(T));
+  return ::dsv4_sim::read_lane<T>(deposits, (src_lane & (width - 1)) + (self & ~(width - 1)));
+}
+// HIP: lane self ^ mask, or the caller's own value where that lane is past the caller's group.
+template <typename T>
+T __shfl_xor(T var, int lane_mask, int width = warpSize) {
+  const int self = ::dsv4_sim::lane_id();
+  const unsigned char* deposits = ::dsv4_sim::wave_exchange(&var, sizeof(T));
+  int source = self ^ lane_mask;
+  if (source >= ((self + width) & ~(width - 1))) source = self;
+  return ::dsv4_sim::read_lane<T>(deposits, source);
+}
+template <typename T>
+T __shfl_down(T var, unsigned delta, int width = warpSize) {
+  const int self = ::dsv4_sim::lane_id();
+  const unsigned char* deposits = ::dsv4_sim::wave_exchange(&var, sizeof(T));
+  int source = self + static_cast<int>(delta);
+  if ((source & (width - 1)) < (self & (width - 1))) source = self;  // past the group's end
+  return ::dsv4_sim::read_lane<T>(deposits, source >= warpSize ? self : source);
+}
+inline unsigned long long __ballot(int predicate) {
+  const int mine = predicate != 0;
+  const unsigned char* deposits = ::dsv4_sim::wave_exchange(&mine, sizeof mine);
+  unsigned long long mask = 0;
+  for (int lane = 0; lane < warpSize; ++lane) {
+    if (::dsv4_sim::taken_part(lane) && ::dsv4_sim::read_lane<int>(deposits, lane)) mask |= 1ull << lane;
+  }
+  return mask;
+}
+inline int __any(int predicate) { return __ballot(predicate) != 0; }
+inline int __all(int predicate) {
+  const int mine = predicate != 0;
+  const unsigned char* deposits = ::dsv4_sim::wave_exchange(&mine, sizeof mine);
+  for (int lane = 0; lane < warpSize; ++lane) {
+    if (::dsv4_sim::taken_part(lane) && !::dsv4_sim::read_lane<int>(deposits, lane)) return 0;
+  }
+  return 1;
+}
+
+// ---- atomics (the block's threads never run at the same time) ------------------------------------
+template <typename T>
+T atomicAdd(T* address, T value) {
+  const T old = *address;
+  *address = old + value;
+  return old;
+}
+template <typename T>
+T atomicMax(T* address, T value) {
+  const T old = *address;
+  *address = old < value ? value : old;
+  return old;
+}
+template <typename T>
+T atomicMin(T* address, T value) {
+  const T old = *address;
+  *address = value < old ? value : old;
+  return old;
+}
+inline void __threadfence() {}
+inline void __threadfence_block() {}
+
+// ---- integer and float intrinsics ----------------------------------------------------------------
+inline int __popc(unsigned x) { return __builtin_popcount(x); }
+inline int __popcll(unsigned long long x) { return __builtin_popcountll(x); }
+inline int __clz(int x) { return x == 0 ? 32 : __builtin_clz(static_cast<unsigned>(x)); }
+inline int __ffs(int x) { return __builtin_ffs(x); }
+// Byte i of the result is byte (selector >> 4i) & 7 of the 8-byte value {b, a} (a in bytes 0-3).
+inline unsigned __byte_perm(unsigned a, unsigned b, unsigned selector) {
+  const uint64_t both = (static_cast<uint64_t>(b) << 32) | a;
+  unsigned result = 0;
+  for (int i = 0; i < 4; ++i) result |= static_cast<unsigned>((both >> (8 * ((selector >> (4 * i)) & 7))) & 0xff) << (8 * i);
+  return result;
+}
+// The kernels build with -ffp-contract=off here, so these round like the device's _rn forms.
+inline float __fmul_rn(float a, float b) { return a * b; }
+inline float __fadd_rn(float a, float b) { return a + b; }
+inline float __frcp_rn(float a) { return 1.0f / a; }
+
+// ---- the runtime API the launchers call ----------------------------------------------------------
+using hipStream_t = struct dsv4_sim_stream*;
+enum hipError_t { hipSuccess = 0, hipErrorInvalidConfiguration = 9, hipErrorInvalidValue = 1 };
+enum hipDeviceAttribute_t { hipDeviceAttributeMultiprocessorCount = 1 };
+struct hipDeviceProp_t {
+  char gcnArchName[256];
+  int multiProcessorCount;
+};
+inline hipError_t hipGetLastError() { return static_cast<hipError_t>(::dsv4_sim::take_last_error()); }
+inline const char* hipGetErrorString(hipError_t error) {
+  return error == hipSuccess ? "no error" : "invalid launch configuration (wave64 model)";
+}
+inline hipError_t hipGetDevice(int* device) {
+  *device = 0;
+  return hipSuccess;
+}
+inline hipError_t hipDeviceGetAttribute(int* value, hipDeviceAttribute_t attribute, int) {
+  if (attribute != hipDeviceAttributeMultiprocessorCount) return hipErrorInvalidValue;
+  *value = ::dsv4_sim::chip().compute_units;
+  return hipSuccess;
+}
+inline hipError_t hipGetDeviceProperties(hipDeviceProp_t* properties, int) {
+  std::memset(properties, 0, sizeof *properties);
+  std::strncpy(properties->gcnArchName, ::dsv4_sim::chip().arch_name, sizeof properties->gcnArchName - 1);
+  properties->multiProcessorCount = ::dsv4_sim::chip().compute_units;
+  return hipSuccess;
+}
+// Two blocks per compute unit, whatever the kernel: the grids sized by it stay small.
+template <typename Kernel>
+hipError_t hipOccupancyMaxActiveBlocksPerMultiprocessor(int* blocks, Kernel, int, size_t) {
+  *blocks = 2;
+  return hipSuccess;
+}
+
+namespace dsv4_sim {
+template <typename Launch>
+void run_launch_body(void* context) {
+  (*static_cast<Launch*>(context))();
+}
+template <typename... Params, typename... Args>
+void launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t shared_bytes, const Args&... args) {
+  auto body = [kernel, args...]() { kernel(args...); };  // copies, as a launch's parameters are
+  run_grid({grid.x, grid.y, grid.z}, {block.x, block.y, block.z}, shared_bytes, &run_launch_body<decltype(body)>,
+           &body);
+}
+}  // namespace dsv4_sim
+
+#define hipLaunchKernelGGL(kernel, grid, block, shared_bytes, stream, ...) \
+  ((void)(stream), ::dsv4_sim::launch((kernel), dim3(grid), dim3(block), (shared_bytes), __VA_ARGS__))
+
+// ---- the AMDGPU builtins the kernels use, on ../../wave_sim.h ------------------------------------
+namespace dsv4_sim {
+#if defined(__gfx942__)
+inline constexpr Fp8Kind kChipFp8 = Fp8Kind::kFnuz;
+#else
+inline constexpr Fp8Kind kChipFp8 = Fp8Kind::kOcp;
+#endif
+
+template <typename To, typename From>
+To bits_as(const From& from) {
+  static_assert(sizeof(To) == sizeof(From), "same size");
+  To to;
+  std::memcpy(&to, &from, sizeof to);
+  return to;
+}
+
+typedef float Floatx4 __attribute__((ext_vector_type(4)));
+typedef uint32_t Words2 __attribute__((ext_vector_type(2)));
+typedef uint32_t Words4 __attribute__((ext_vector_type(4)));
+typedef uint32_t Words8 __attribute__((ext_vector_type(8)));
+
+inline Floatx4 from_acc(const float (&c)[4]) { return Floatx4{c[0], c[1], c[2], c[3]}; }
+
+template <typename A, typename B>
+Floatx4 builtin_mfma_16x16x16_bf16(A a, B b, Floatx4 c) {
+  const Words2 a_words = bits_as<Words2>(a), b_words = bits_as<Words2>(b);
+  float acc[4] = {c[0], c[1], c[2], c[3]};
+  mfma_16x16x16_bf16(acc, {a_words[0], a_words[1]}, {b_words[0], b_words[1]});
+  return from_acc(acc);
+}
+template <typename A, typename B>
+Floatx4 builtin_mfma_16x16x32_bf16(A a, B b, Floatx4 c) {
+  const Words4 a_words = bits_as<Words4>(a), b_words = bits_as<Words4>(b);
+  float acc[4] = {c[0], c[1], c[2], c[3]};
+  mfma_16x16x32_bf16(acc, {a_words[0], a_words[1], a_words[2], a_words[3]},
+                     {b_words[0], b_words[1], b_words[2], b_words[3]});
+  return from_acc(acc);
+}
+inline Floatx4 builtin_mfma_16x16x32_fp8(long a, long b, Floatx4 c) {
+  const Words2 a_words = bits_as<Words2>(a), b_words = bits_as<Words2>(b);
+  float acc[4] = {c[0], c[1], c[2], c[3]};
+  mfma_16x16x32_fp8(acc, {a_words[0], a_words[1]}, {b_words[0], b_words[1]}, kChipFp8);
+  return from_acc(acc);
+}
+template <typename A, typename B>
+Floatx4 builtin_mfma_scale_16x16x128(A a, B b, Floatx4 c, int a_format, int b_format, int opsel_a, int scale_a,
+                                     int opsel_b, int scale_b) {
+  if (a_format != 0 || b_format != 0) __builtin_trap();  // only e4m3 x e4m3 is modelled
+  const Words8 a_words = bits_as<Words8>(a), b_words = bits_as<Words8>(b);
+  uint32_t a_array[8], b_array[8];
+  for (int i = 0; i < 8; ++i) a_array[i] = a_words[i], b_array[i] = b_words[i];
+  float acc[4] = {c[0], c[1], c[2], c[3]};
+  mfma_scale_16x16x128_fp8(acc, a_array, b_array, static_cast<uint32_t>(scale_a), opsel_a,
+                           static_cast<uint32_t>(scale_b), opsel_b);
+  return from_acc(acc);
+}
+}  // namespace dsv4_sim
+
+#define __builtin_amdgcn_mfma_f32_16x16x16bf16_1k(a, b, c, cbsz, abid, blgp) \
+  ::dsv4_sim::builtin_mfma_16x16x16_bf16((a), (b), (c))
+#define __builtin_amdgcn_mfma_f32_16x16x32_bf16(a, b, c, cbsz, abid, blgp) \
+  ::dsv4_sim::builtin_mfma_16x16x32_bf16((a), (b), (c))
+#define __builtin_amdgcn_mfma_f32_16x16x32_fp8_fp8(a, b, c, cbsz, abid, blgp) \
+  ::dsv4_sim::builtin_mfma_16x16x32_fp8((a), (b), (c))
+#define __builtin_amdgcn_mfma_scale_f32_16x16x128_f8f6f4(a, b, c, a_format, b_format, opsel_a, scale_a, opsel_b, \
+                                                         scale_b)                                                \
+  ::dsv4_sim::builtin_mfma_scale_16x16x128((a), (b), (c), (a_format), (b_format), (opsel_a), (scale_a), (opsel_b), \
+                                           (scale_b))
+#define __builtin_amdgcn_cvt_pk_fp8_f32(lo, hi, old, high_word) \
+  ::dsv4_sim::cvt_pk_fp8_f32((lo), (hi), (old), (high_word), ::dsv4_sim::kChipFp8)
