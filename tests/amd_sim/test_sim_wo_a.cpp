@@ -1,0 +1,209 @@
+// The wo_a kernels on the modelled chip against the CPU implementations: the quantizer and inverse RoPE byte
+// for byte; the block-scaled FP8 GEMM within the error of an fp32 sum taken in another order, through each
+// of its AMD kernels (split-K for few rows, the tiled kernel, the element-wise one for unaligned rows, the
+// foreign-encoding forms) and, on gfx950, the block-scaled MFMA.
+#include <cmath>
+
+#include "cpu/wo_a/wo_a_cpu.h"
+#include "sim_test_support.h"
+#include "wo_a/wo_a_launchers.h"
+
+namespace {
+
+using namespace dsv4_sim_test;
+using dsv4::Fp8Format;
+
+float decode(uint8_t code, Fp8Format format) {
+  return format == Fp8Format::kOCP ? dsv4::fp8_decode<Fp8Format::kOCP>(code) : dsv4::fp8_decode<Fp8Format::kFNUZ>(code);
+}
+
+TEST(AmdSimWoA, InverseRopeGroupQuantMatchesCpuBytes) {
+  Random random(31);
+  constexpr int64_t kTokens = 17, kHeads = 4, kPositions = 32;
+  std::vector<uint16_t> o = random.bf16(kTokens * kHeads * 512, 2.0f);
+  o[3 * 2048 + 17] = 0x7FC0;  // NaN
+  o[4 * 2048 + 600] = 0xFF80;  // -Inf
+  for (int i = 0; i < 128; ++i) o[5 * 2048 + 256 + i] = 0;  // a zero group
+  const std::vector<float> cos_sin = rope_table(kPositions);
+  std::vector<int32_t> positions(kTokens);
+  for (int64_t t = 0; t < kTokens; ++t) positions[t] = static_cast<int32_t>((t * 3) % kPositions);
+  positions[1] = -5;  // clamped
+  positions[2] = 1000;
+  for (Fp8Format format : {Fp8Format::kOCP, Fp8Format::kFNUZ}) {
+    for (float quant_max : {224.0f, 240.0f, 448.0f}) {
+      if (format == Fp8Format::kFNUZ && quant_max > 240.0f) continue;
+      for (bool rotated : {true, false}) {
+        for (int64_t groups : {int64_t{1}, int64_t{4}}) {
+          const int64_t d = kHeads * 512 / groups;
+          std::vector<uint8_t> x_got(kTokens * kHeads * 512, 0xAA), x_want = x_got;
+          std::vector<uint8_t> s_got(kTokens * kHeads * 4 + 3, 0xAA), s_want = s_got;
+          dsv4::InverseRopeGroupQuantArgs args{o.data(), {cos_sin.data(), false, kPositions, positions.data(), false},
+                                               rotated, x_got.data(), s_got.data(), groups * d / 128, d / 128,
+                                               kTokens, kHeads, groups, 128, format, quant_max};
+          ASSERT_EQ(dsv4::gpu::launch_inverse_rope_group_quant(args, nullptr), dsv4::LaunchStatus::kOk);
+          args.x_fp8 = x_want.data();
+          args.x_scale = s_want.data();
+          dsv4::cpu::inverse_rope_group_quant(args, 0, kTokens);
+          const std::string what = "format " + std::to_string(static_cast<int>(format)) + " quant max " +
+                                   std::to_string(quant_max) + (rotated ? " rotated" : "") + " groups " +
+                                   std::to_string(groups);
+          EXPECT_TRUE(same_bytes(x_got, x_want)) << what;
+          EXPECT_TRUE(same_bytes(s_got, s_want)) << what;
+        }
+      }
+    }
+  }
+  std::vector<uint16_t> got(o.size()), want(o.size());
+  dsv4::InverseRopeArgs args{o.data(), {cos_sin.data(), false, kPositions, positions.data(), false}, got.data(),
+                             kTokens, kHeads};
+  ASSERT_EQ(dsv4::gpu::launch_inverse_rope(args, nullptr), dsv4::LaunchStatus::kOk);
+  args.out = want.data();
+  dsv4::cpu::inverse_rope(args, 0, kTokens);
+  EXPECT_TRUE(same_bytes(got, want));
+}
+
+// One GEMM problem: x [m, groups, k] at (stride_m, stride_g), w [groups, n, k], the UE8M0 scales, out.
+struct Problem {
+  int64_t m, groups, n, k;
+  Fp8Format x_format, w_format;
+  int64_t x_stride_m, x_stride_g;  // elements; 0: token-major contiguous
+  bool out_fp32;
+  std::vector<uint8_t> x, w, x_scale, w_scale;
+
+  Problem(Random& random, int64_t m_, int64_t groups_, int64_t n_, int64_t k_, Fp8Format xf, Fp8Format wf,
+          bool batch_major, int64_t row_pad, bool fp32)
+      : m(m_), groups(groups_), n(n_), k(k_), x_format(xf), w_format(wf), out_fp32(fp32) {
+    x_stride_m = batch_major ? k + row_pad : groups * (k + row_pad);
+    x_stride_g = batch_major ? m * (k + row_pad) : k + row_pad;
+    x.assign(m * groups * (k + row_pad) + 16, 0);
+    for (int64_t i = 0; i < m; ++i) {
+      for (int64_t g = 0; g < groups; ++g) {
+        const std::vector<uint8_t> row = random.fp8(k, xf, 3.0f);
+        std::memcpy(&x[i * x_stride_m + g * x_stride_g], row.data(), k);
+      }
+    }
+    w = random.fp8(groups * n * k, wf, 3.0f);
+    x_scale.resize(m * groups * (k / 128));
+    for (auto& s : x_scale) s = static_cast<uint8_t>(random.integer(117, 137));
+    w_scale.resize(groups * (n / 128) * (k / 128));
+    for (auto& s : w_scale) s = static_cast<uint8_t>(random.integer(117, 137));
+  }
+
+  dsv4::BmmA8W8MxScaleArgs args(void* out) const {
+    return {x.data(), x_stride_m, x_stride_g, x_format, w.data(), n * k, k, w_format, x_scale.data(),
+            groups * (k / 128), k / 128, w_scale.data(), (n / 128) * (k / 128), k / 128, out, out_fp32,
+            groups * n, n, m, groups, n, k, false};
+  }
+
+  // Per output, sum over k of |x w| times the block scales (in double): the scale of the fp32 sums' error.
+  std::vector<double> magnitudes() const {
+    std::vector<double> result(m * groups * n, 0.0);
+    for (int64_t i = 0; i < m; ++i) {
+      for (int64_t g = 0; g < groups; ++g) {
+        for (int64_t j = 0; j < n; ++j) {
+          double sum = 0.0;
+          for (int64_t kk = 0; kk < k; ++kk) {
+            const int a = x_scale[(i * groups + g) * (k / 128) + kk / 128];
+            const int b = w_scale[(g * (n / 128) + j / 128) * (k / 128) + kk / 128];
+            sum += std::fabs(static_cast<double>(decode(x[i * x_stride_m + g * x_stride_g + kk], x_format)) *
+                             decode(w[(g * n + j) * k + kk], w_format)) *
+                   std::ldexp(1.0, a + b - 254);
+          }
+          result[(i * groups + g) * n + j] = sum;
+        }
+      }
+    }
+    return result;
+  }
+};
+
+// Runs the problem on the modelled chip and on the CPU; every output within 1e-5 of its magnitude (an fp32
+// sum of <= 4096 terms in any order stays far inside), plus half a bf16 step of the value for bf16 output.
+void check_gemm(const Problem& p, const std::string& what) {
+  std::vector<float> got(p.m * p.groups * p.n), want(got.size());
+  std::vector<uint16_t> got16(got.size()), want16(got.size());
+  void* got_out = p.out_fp32 ? static_cast<void*>(got.data()) : got16.data();
+  void* want_out = p.out_fp32 ? static_cast<void*>(want.data()) : want16.data();
+  ASSERT_EQ(dsv4::gpu::launch_bmm_a8w8_mxscale(p.args(got_out), nullptr), dsv4::LaunchStatus::kOk) << what;
+  dsv4::cpu::bmm_a8w8_mxscale(p.args(want_out), 0, p.m);
+  if (!p.out_fp32) {
+    got = bf16_to_floats(got16);
+    want = bf16_to_floats(want16);
+  }
+  const std::vector<double> magnitude = p.magnitudes();
+  for (size_t i = 0; i < got.size(); ++i) {
+    if (std::isnan(want[i])) {
+      ASSERT_TRUE(std::isnan(got[i])) << what << ": element " << i;
+      continue;
+    }
+    const double bound = 1e-5 * magnitude[i] + (p.out_fp32 ? 0.0 : std::ldexp(std::fabs(want[i]), -8)) + 1e-30;
+    ASSERT_LE(std::fabs(static_cast<double>(got[i]) - want[i]), bound)
+        << what << ": element " << i << " got " << got[i] << " want " << want[i];
+  }
+}
+
+std::string name(const Problem& p) {
+  return "m " + std::to_string(p.m) + " x " + std::to_string(static_cast<int>(p.x_format)) + " w " +
+         std::to_string(static_cast<int>(p.w_format)) + " stride_m " + std::to_string(p.x_stride_m) +
+         (p.out_fp32 ? " fp32" : " bf16");
+}
+
+TEST(AmdSimWoA, BmmInTheChipsEncodingMatchesCpu) {
+  Random random(32);
+  const Fp8Format f = chip_format();
+  // Split-K (m <= 64), few tiles (m <= 256), the tiled kernel (m > 256), bf16 and fp32 out.
+  for (int64_t m : {1, 16, 17, 64, 130, 300}) {
+    for (bool fp32 : {true, false}) {
+      Problem p(random, m, 2, 256, 384, f, f, false, 0, fp32);
+      check_gemm(p, name(p));
+    }
+  }
+}
+
+TEST(AmdSimWoA, BmmBatchMajorAndUnalignedRows) {
+  Random random(33);
+  const Fp8Format f = chip_format();
+  for (int64_t m : {9, 70, 300}) {
+    Problem batch_major(random, m, 2, 256, 256, f, f, true, 0, false);
+    check_gemm(batch_major, "batch-major " + name(batch_major));
+    Problem unaligned(random, m, 2, 256, 256, f, f, false, 3, false);  // rows 3 bytes longer: no 16-byte loads
+    check_gemm(unaligned, "unaligned " + name(unaligned));
+  }
+}
+
+TEST(AmdSimWoA, BmmInEveryEncodingPair) {
+  Random random(34);
+  for (Fp8Format xf : {Fp8Format::kOCP, Fp8Format::kFNUZ}) {
+    for (Fp8Format wf : {Fp8Format::kOCP, Fp8Format::kFNUZ}) {
+      for (int64_t m : {5, 300}) {
+        Problem p(random, m, 2, 256, 256, xf, wf, false, 0, true);
+        check_gemm(p, name(p));
+      }
+    }
+  }
+}
+
+// Codes that do not carry over between the encodings (FNUZ +-240 and NaN, OCP -0 and NaN), the largest
+// values, and a NaN scale byte: the same NaN rows, the same finite values.
+TEST(AmdSimWoA, BmmEdgeCodesAndNanScales) {
+  Random random(35);
+  for (Fp8Format xf : {Fp8Format::kOCP, Fp8Format::kFNUZ}) {
+    for (Fp8Format wf : {Fp8Format::kOCP, Fp8Format::kFNUZ}) {
+      for (int64_t m : {3, 300}) {
+        Problem p(random, m, 1, 128, 256, xf, wf, false, 0, true);
+        const uint8_t x_max = xf == Fp8Format::kOCP ? 0x7E : 0x7F, w_max = wf == Fp8Format::kOCP ? 0x7E : 0x7F;
+        for (int64_t kk = 0; kk < 256; kk += 5) {
+          p.x[kk] = static_cast<uint8_t>(x_max | (kk % 2 ? 0x80 : 0));                  // row 0: +-largest
+          p.w[2 * 256 + kk] = static_cast<uint8_t>(w_max | (kk % 3 ? 0x80 : 0));        // column 2 likewise
+        }
+        if (xf == Fp8Format::kOCP) p.x[1 * p.x_stride_m + 7] = 0x80;  // row 1: OCP -0
+        if (wf == Fp8Format::kOCP) p.w[3 * 256 + 9] = 0x80;           // column 3: OCP -0
+        p.w[4 * 256 + 100] = wf == Fp8Format::kOCP ? 0x7F : 0x80;     // column 4: NaN
+        p.x_scale[2 * 2 + 1] = 255;                                  // row 2, second K block: NaN scale
+        check_gemm(p, "edge codes " + name(p));
+      }
+    }
+  }
+}
+
+}  // namespace
