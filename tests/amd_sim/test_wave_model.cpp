@@ -72,7 +72,7 @@ TEST(WaveModel, Mfma16x16x16Bf16FollowsTheTableLayout) {
                                            uint32_t aw[2], bw[2];
                                            pack(aw, a_lane);
                                            pack(bw, b_lane);
-                                           dsv4_sim::mfma_16x16x16_bf16(acc, aw, bw);
+                                           dsv4_sim::mfma_16x16x16_bf16(acc, aw, bw, nullptr);
                                          });
 }
 
@@ -84,7 +84,7 @@ TEST(WaveModel, Mfma16x16x32Bf16FollowsTheTableLayout) {
                                            uint32_t aw[4], bw[4];
                                            pack(aw, a_lane);
                                            pack(bw, b_lane);
-                                           dsv4_sim::mfma_16x16x32_bf16(acc, aw, bw);
+                                           dsv4_sim::mfma_16x16x32_bf16(acc, aw, bw, nullptr);
                                          });
 }
 
@@ -101,7 +101,7 @@ TEST(WaveModel, Mfma16x16x32Fp8DecodesTheChipsEncoding) {
     uint32_t aw[2], bw[2];
     pack(aw, a_lane);
     pack(bw, b_lane);
-    dsv4_sim::mfma_16x16x32_fp8(acc, aw, bw, kind);
+    dsv4_sim::mfma_16x16x32_fp8(acc, aw, bw, kind, nullptr);
   });
 }
 
@@ -115,7 +115,7 @@ TEST(WaveModel, ScaledMfma16x16x128AppliesBothScaleBytes) {
         uint32_t aw[8], bw[8];
         pack(aw, a_lane);
         pack(bw, b_lane);
-        dsv4_sim::mfma_scale_16x16x128_fp8(acc, aw, bw, 130u << 8, 1, 120u, 0);
+        dsv4_sim::mfma_scale_16x16x128_fp8(acc, aw, bw, 130u << 8, 1, 120u, 0, nullptr);
       });
 }
 
@@ -140,11 +140,11 @@ TEST(WaveModel, BarriersOrderBlockThreadsAndWaveExchangesSeeEveryLane) {
     dsv4_sim::sync_block();
     seen[t] = written[127 - t];
     int mine = t;
-    const unsigned char* deposits = dsv4_sim::wave_exchange(&mine, sizeof mine);
+    dsv4_sim::wave_exchange(&mine, sizeof mine, 64, dsv4_sim::call_site());
     int sum = 0;
     for (int lane = 0; lane < 64; ++lane) {
       int value;
-      std::memcpy(&value, dsv4_sim::deposit_of(deposits, lane), sizeof value);
+      std::memcpy(&value, dsv4_sim::deposit_of(lane), sizeof value);
       sum += value;
     }
     sums[t] = sum;
@@ -165,18 +165,56 @@ TEST(WaveModel, ThreadsThatEndReleaseTheBarrier) {
   EXPECT_EQ(passed, 256 - 86);
 }
 
-TEST(WaveModelDeathTest, DivergentBarrierIsReportedAsDeadlock) {
+// A branch that leaves half of a wave at the barrier: the other half runs its wave operation alone, as the
+// hardware does with those lanes masked off.
+TEST(WaveModel, PartOfAWaveRunsAWaveOperationAlone) {
+  std::vector<int> sums(64, -1);
+  run_block(64, [&] {
+    const int t = static_cast<int>(dsv4_sim::thread_index().x);
+    if (t < 32) {
+      dsv4_sim::wave_exchange(&t, sizeof t, 64, dsv4_sim::call_site());
+      int sum = 0;
+      for (int lane = 0; lane < 32; ++lane) {
+        EXPECT_TRUE(dsv4_sim::taken_part(lane));
+        int value;
+        std::memcpy(&value, dsv4_sim::deposit_of(lane), sizeof value);
+        sum += value;
+      }
+      EXPECT_FALSE(dsv4_sim::taken_part(40));
+      sums[t] = sum;
+    }
+    dsv4_sim::sync_block();
+  });
+  for (int t = 0; t < 32; ++t) EXPECT_EQ(sums[t], 31 * 32 / 2);
+}
+
+TEST(WaveModelDeathTest, ReadingALaneThatSkippedTheOperationAborts) {
   GTEST_FLAG_SET(death_test_style, "threadsafe");
   EXPECT_DEATH(run_block(64,
                          [] {
-                           if (dsv4_sim::thread_index().x < 32) {
-                             dsv4_sim::sync_block();
-                           } else {
-                             int x = 0;
-                             dsv4_sim::wave_exchange(&x, sizeof x);
-                           }
+                           const int t = static_cast<int>(dsv4_sim::thread_index().x);
+                           if (t >= 32) return;
+                           dsv4_sim::wave_exchange(&t, sizeof t, 64, dsv4_sim::call_site());
+                           dsv4_sim::deposit_of(40);
                          }),
-               "deadlock");
+               "did not take part");
+}
+
+// Lanes of one lane group at two different wave operations at once (both sides of a branch): the hardware
+// runs them one after the other; the model does not, and says so rather than mixing them.
+TEST(WaveModelDeathTest, LanesAtTwoWaveOperationsAtOnceAreReported) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_DEATH(run_block(64,
+                         [] {
+                           const int x = 1;
+                           if (dsv4_sim::thread_index().x < 32) {
+                             dsv4_sim::wave_exchange(&x, sizeof x, 64, &x);
+                           } else {
+                             dsv4_sim::wave_exchange(&x, sizeof x, 64, nullptr);
+                           }
+                           dsv4_sim::sync_block();
+                         }),
+               "different wave operations");
 }
 
 TEST(WaveModel, LaunchOverTheChipsSharedMemoryFails) {

@@ -26,23 +26,39 @@ constexpr int kMaxThreads = 1024;
   std::abort();
 }
 
+enum class Wait { kNone, kBarrier, kExchange };
+
+// One pending run of a wave operation: the lanes of one aligned group that wait at one call site.
+struct Round {
+  const void* site = nullptr;
+  int group_first = 0;  // the group: lanes [group_first, group_first + width)
+  int width = 0;
+  uint64_t lanes = 0;    // the lanes that arrived
+  uint64_t parity = 0;   // the deposit buffer each of them used
+  bool open = false;
+};
+
 struct Thread {
   ucontext_t context;
   std::unique_ptr<unsigned char[]> stack;
   Index3 index;
   int linear = 0;
   bool done = false;
-  uint64_t exchanges = 0;  // wave operations completed: selects the deposit buffer
+  Wait wait = Wait::kNone;
+  uint64_t wait_generation = 0;  // of the block, when it began to wait at the barrier
+  bool released = false;         // its wave operation ran
+  uint64_t exchanges = 0;        // wave operations it took part in: its next deposit buffer is exchanges % 2
+  uint64_t round_lanes = 0;      // the lanes and deposit buffers of its last wave operation
+  uint64_t round_parity = 0;
 };
 
+// A lane deposits into its own two buffers in turn. It can deposit again into the buffer of an earlier
+// run only after its next run was released, which needs every live lane of that run's group to have
+// arrived there or to wait elsewhere -- so each reader of the earlier run has already read it (a lane reads
+// its run's deposits as soon as it resumes, before it can wait again).
 struct Wave {
-  int live = 0;
-  int arrived = 0;
-  uint64_t generation = 0;
-  // Two deposit buffers, used alternately: a lane writes buffer n % 2 for its n-th wave operation only
-  // after every lane has passed operation n - 1, so no lane still reads it.
-  unsigned char deposits[2][kWaveSize][kSlotBytes];
-  bool took_part[2][kWaveSize];
+  Round rounds[kWaveSize];  // at most one per lane
+  unsigned char deposits[kWaveSize][2][kSlotBytes];
 };
 
 struct Block {
@@ -77,24 +93,82 @@ Wave& wave_of(const Thread& thread) { return g_waves[thread.linear / kWaveSize];
 // Back to the scheduler until it resumes this thread.
 void yield() { swapcontext(&g_current->context, &g_scheduler); }
 
+Thread& thread_at(const Wave& wave, int lane) {
+  return g_threads[static_cast<size_t>(&wave - g_waves.data()) * kWaveSize + lane];
+}
+
+void release_round(Wave& wave, Round& round) {
+  for (int lane = 0; lane < kWaveSize; ++lane) {
+    if (!(round.lanes >> lane & 1)) continue;
+    Thread& thread = thread_at(wave, lane);
+    thread.released = true;
+    thread.round_lanes = round.lanes;
+    thread.round_parity = round.parity;
+  }
+  round = Round{};
+}
+
+// Live lanes of [first, first + width) of the wave.
+int live_lanes(const Wave& wave, int first, int width) {
+  int count = 0;
+  const int base = static_cast<int>(&wave - g_waves.data()) * kWaveSize;
+  for (int lane = first; lane < first + width; ++lane) {
+    count += base + lane < g_grid.threads && !thread_at(wave, lane).done;
+  }
+  return count;
+}
+
+// Releases the wave's runs whose group has arrived in full (every live lane of it).
+void release_full_rounds(Wave& wave) {
+  for (Round& round : wave.rounds) {
+    if (round.open && __builtin_popcountll(round.lanes) == live_lanes(wave, round.group_first, round.width)) {
+      release_round(wave, round);
+    }
+  }
+}
+
+void release_block() {
+  g_block.arrived = 0;
+  g_block.last_count = g_block.count;
+  g_block.count = 0;
+  ++g_block.generation;
+}
+
+bool blocked(const Thread& thread) {
+  switch (thread.wait) {
+    case Wait::kBarrier:
+      return g_block.generation == thread.wait_generation;
+    case Wait::kExchange:
+      return !thread.released;
+    default:
+      return false;
+  }
+}
+
+// After a pass over the block in which no thread could run: every live lane waits, so each pending run of
+// a wave operation takes the lanes that reached it (the others of its group wait elsewhere). Returns
+// whether there was one.
+bool release_partial_rounds() {
+  bool released = false;
+  for (Wave& wave : g_waves) {
+    for (Round& round : wave.rounds) {
+      if (!round.open) continue;
+      release_round(wave, round);
+      released = true;
+    }
+  }
+  return released;
+}
+
 void thread_entry() {
   g_grid.body(g_grid.context);
   Thread& self = *g_current;
   self.done = true;
+  self.wait = Wait::kNone;
   // A thread that ends releases the barriers the others wait at, as an exited wave does.
-  Wave& wave = wave_of(self);
-  --wave.live;
-  if (wave.arrived > 0 && wave.arrived == wave.live) {
-    wave.arrived = 0;
-    ++wave.generation;
-  }
+  release_full_rounds(wave_of(self));
   --g_block.live;
-  if (g_block.arrived > 0 && g_block.arrived == g_block.live) {
-    g_block.arrived = 0;
-    g_block.last_count = g_block.count;
-    g_block.count = 0;
-    ++g_block.generation;
-  }
+  if (g_block.arrived > 0 && g_block.arrived == g_block.live) release_block();
   swapcontext(&self.context, &g_scheduler);
   fail("a finished thread resumed");
 }
@@ -105,9 +179,7 @@ void run_block() {
   g_block.count = 0;
   const int waves = (g_grid.threads + kWaveSize - 1) / kWaveSize;
   for (int w = 0; w < waves; ++w) {
-    Wave& wave = g_waves[w];
-    wave.live = std::min(kWaveSize, g_grid.threads - w * kWaveSize);
-    wave.arrived = 0;
+    for (Round& round : g_waves[w].rounds) round = Round{};
   }
   std::fill(g_shared.begin(), g_shared.end(), static_cast<unsigned char>(0xCD));
   for (int t = 0; t < g_grid.threads; ++t) {
@@ -117,6 +189,7 @@ void run_block() {
                     static_cast<uint32_t>((t / g_grid.block.x) % g_grid.block.y),
                     static_cast<uint32_t>(t / (g_grid.block.x * g_grid.block.y))};
     thread.done = false;
+    thread.wait = Wait::kNone;
     thread.exchanges = 0;
     getcontext(&thread.context);
     thread.context.uc_stack.ss_sp = thread.stack.get();
@@ -126,24 +199,20 @@ void run_block() {
   }
   int remaining = g_grid.threads;
   while (remaining > 0) {
-    // One pass over the threads; each runs until it waits or ends. A pass in which no thread ran past a
-    // wait leaves every live thread at a barrier that will never open.
-    const uint64_t block_generation = g_block.generation;
-    uint64_t wave_generations = 0;
-    for (const Wave& wave : g_waves) wave_generations += wave.generation;
-    const int remaining_before = remaining;
+    // One pass over the threads; each runs until it waits or ends. After a pass in which none could run,
+    // every live thread waits: a wave operation that part of a wave reached then runs for those lanes;
+    // without one, the waits can never end.
+    bool ran = false;
     for (int t = 0; t < g_grid.threads; ++t) {
       Thread& thread = g_threads[t];
-      if (thread.done) continue;
+      if (thread.done || blocked(thread)) continue;
       g_current = &thread;
       swapcontext(&g_scheduler, &thread.context);
+      ran = true;
       if (thread.done) --remaining;
     }
     g_current = nullptr;
-    uint64_t wave_generations_after = 0;
-    for (const Wave& wave : g_waves) wave_generations_after += wave.generation;
-    if (remaining > 0 && remaining == remaining_before && block_generation == g_block.generation &&
-        wave_generations == wave_generations_after) {
+    if (remaining > 0 && !ran && !release_partial_rounds()) {
       fail("deadlock: live threads wait at barriers or wave operations that others never reach");
     }
   }
@@ -159,51 +228,62 @@ int lane_id() { return g_current->linear % kWaveSize; }
 void* dynamic_shared_memory() { return g_shared.data(); }
 
 int sync_block_count(int predicate) {
-  Block& block = g_block;
-  const uint64_t generation = block.generation;
-  block.count += predicate != 0;
-  if (++block.arrived == block.live) {
-    block.arrived = 0;
-    block.last_count = block.count;
-    block.count = 0;
-    ++block.generation;
-    return block.last_count;
+  Thread& self = *g_current;
+  g_block.count += predicate != 0;
+  self.wait = Wait::kBarrier;
+  self.wait_generation = g_block.generation;
+  if (++g_block.arrived == g_block.live) {
+    release_block();
+  } else {
+    while (blocked(self)) yield();
   }
-  while (block.generation == generation) yield();
-  return block.last_count;
+  self.wait = Wait::kNone;
+  return g_block.last_count;
 }
 
 void sync_block() { sync_block_count(0); }
 
-const unsigned char* wave_exchange(const void* mine, size_t bytes) {
+__attribute__((noinline)) const void* call_site() { return __builtin_return_address(0); }
+
+void wave_exchange(const void* mine, size_t bytes, int width, const void* site) {
   if (bytes > kSlotBytes) fail("wave operand too large");
+  if (width < 1 || width > kWaveSize || (width & (width - 1)) != 0) fail("wave operation width");
   Thread& self = *g_current;
   Wave& wave = wave_of(self);
-  const int buffer = static_cast<int>(self.exchanges % 2);
   const int lane = self.linear % kWaveSize;
-  std::memcpy(wave.deposits[buffer][lane], mine, bytes);
-  if (wave.arrived == 0) std::fill(std::begin(wave.took_part[buffer]), std::end(wave.took_part[buffer]), false);
-  wave.took_part[buffer][lane] = true;
-  const uint64_t generation = wave.generation;
-  if (++wave.arrived == wave.live) {
-    wave.arrived = 0;
-    ++wave.generation;
-  } else {
-    while (wave.generation == generation) yield();
+  const int parity = static_cast<int>(self.exchanges++ % 2);
+  std::memcpy(wave.deposits[lane][parity], mine, bytes);
+  const int group_first = lane / width * width;
+  // Join the group's pending run at this site, or open one. Another pending run of the same group at
+  // another site means lanes of one group on both sides of a branch at once.
+  Round* joined = nullptr;
+  for (Round& round : wave.rounds) {
+    if (!round.open || group_first >= round.group_first + round.width || round.group_first >= group_first + width) {
+      continue;
+    }
+    if (round.site != site || round.width != width) fail("lanes of a wave wait at different wave operations at once");
+    joined = &round;
   }
-  ++self.exchanges;
-  return &wave.deposits[buffer][0][0];
+  if (joined == nullptr) {
+    joined = &wave.rounds[lane];  // free: a lane is in at most one run, and a run opened by lane l sits at l
+    *joined = Round{site, group_first, width, 0, 0, true};
+  }
+  joined->lanes |= uint64_t{1} << lane;
+  joined->parity |= uint64_t{static_cast<unsigned>(parity)} << lane;
+  self.wait = Wait::kExchange;
+  self.released = false;
+  if (__builtin_popcountll(joined->lanes) == live_lanes(wave, group_first, width)) release_round(wave, *joined);
+  while (blocked(self)) yield();
+  self.wait = Wait::kNone;
 }
 
-bool taken_part(int lane) {
-  const Thread& self = *g_current;
-  return wave_of(self).took_part[(self.exchanges - 1) % 2][lane];
-}
+bool taken_part(int lane) { return lane >= 0 && lane < kWaveSize && (g_current->round_lanes >> lane & 1); }
 
-const unsigned char* deposit_of(const unsigned char* deposits, int source) {
+const unsigned char* deposit_of(int source) {
   if (source < 0 || source >= kWaveSize) fail("wave operation reads a lane outside the wave");
   if (!taken_part(source)) fail("wave operation reads a lane that did not take part");
-  return deposits + static_cast<size_t>(source) * kSlotBytes;
+  const Thread& self = *g_current;
+  return wave_of(self).deposits[source][g_current->round_parity >> source & 1];
 }
 
 int run_grid(Index3 grid, Index3 block, size_t dynamic_shared_bytes, KernelBody body, void* context) {
@@ -274,16 +354,16 @@ float fp8_value(uint8_t code, Fp8Kind kind) {
 // For each of the lane's accumulators: c[r] += sum over the k groups g (lanes 16 g + row of A, 16 g + col
 // of B) of group_product(lane of A, lane of B).
 template <typename GroupProduct>
-void accumulate(float (&c)[4], const MatrixOperands& mine, GroupProduct group_product) {
-  const unsigned char* deposits = wave_exchange(&mine, sizeof mine);
+void accumulate(float (&c)[4], const MatrixOperands& mine, const void* site, GroupProduct group_product) {
+  wave_exchange(&mine, sizeof mine, kWaveSize, site);
   const int lane = lane_id();
   for (int r = 0; r < 4; ++r) {
     const int row = acc_row(lane, r), col = acc_col(lane);
     double sum = 0.0;
     for (int g = 0; g < 4; ++g) {
       MatrixOperands a_lane, b_lane;
-      std::memcpy(&a_lane, deposit_of(deposits, 16 * g + row), sizeof a_lane);
-      std::memcpy(&b_lane, deposit_of(deposits, 16 * g + col), sizeof b_lane);
+      std::memcpy(&a_lane, deposit_of(16 * g + row), sizeof a_lane);
+      std::memcpy(&b_lane, deposit_of(16 * g + col), sizeof b_lane);
       sum += group_product(a_lane, b_lane);
     }
     c[r] = static_cast<float>(static_cast<double>(c[r]) + sum);
@@ -292,33 +372,34 @@ void accumulate(float (&c)[4], const MatrixOperands& mine, GroupProduct group_pr
 
 }  // namespace
 
-void mfma_16x16x16_bf16(float (&c)[4], const uint32_t (&a)[2], const uint32_t (&b)[2]) {
+void mfma_16x16x16_bf16(float (&c)[4], const uint32_t (&a)[2], const uint32_t (&b)[2], const void* site) {
   MatrixOperands mine{};
   std::memcpy(mine.a, a, sizeof a);
   std::memcpy(mine.b, b, sizeof b);
-  accumulate(c, mine, [](const MatrixOperands& x, const MatrixOperands& y) {
+  accumulate(c, mine, site, [](const MatrixOperands& x, const MatrixOperands& y) {
     double sum = 0.0;
     for (int j = 0; j < 4; ++j) sum += static_cast<double>(bf16_value(x.a, j)) * bf16_value(y.b, j);
     return sum;
   });
 }
 
-void mfma_16x16x32_bf16(float (&c)[4], const uint32_t (&a)[4], const uint32_t (&b)[4]) {
+void mfma_16x16x32_bf16(float (&c)[4], const uint32_t (&a)[4], const uint32_t (&b)[4], const void* site) {
   MatrixOperands mine{};
   std::memcpy(mine.a, a, sizeof a);
   std::memcpy(mine.b, b, sizeof b);
-  accumulate(c, mine, [](const MatrixOperands& x, const MatrixOperands& y) {
+  accumulate(c, mine, site, [](const MatrixOperands& x, const MatrixOperands& y) {
     double sum = 0.0;
     for (int j = 0; j < 8; ++j) sum += static_cast<double>(bf16_value(x.a, j)) * bf16_value(y.b, j);
     return sum;
   });
 }
 
-void mfma_16x16x32_fp8(float (&c)[4], const uint32_t (&a)[2], const uint32_t (&b)[2], Fp8Kind kind) {
+void mfma_16x16x32_fp8(float (&c)[4], const uint32_t (&a)[2], const uint32_t (&b)[2], Fp8Kind kind,
+                       const void* site) {
   MatrixOperands mine{};
   std::memcpy(mine.a, a, sizeof a);
   std::memcpy(mine.b, b, sizeof b);
-  accumulate(c, mine, [kind](const MatrixOperands& x, const MatrixOperands& y) {
+  accumulate(c, mine, site, [kind](const MatrixOperands& x, const MatrixOperands& y) {
     double sum = 0.0;
     for (int j = 0; j < 8; ++j) {
       sum += static_cast<double>(fp8_value(byte_of(x.a, j), kind)) * fp8_value(byte_of(y.b, j), kind);
@@ -328,7 +409,7 @@ void mfma_16x16x32_fp8(float (&c)[4], const uint32_t (&a)[2], const uint32_t (&b
 }
 
 void mfma_scale_16x16x128_fp8(float (&c)[4], const uint32_t (&a)[8], const uint32_t (&b)[8], uint32_t scale_a,
-                              int opsel_a, uint32_t scale_b, int opsel_b) {
+                              int opsel_a, uint32_t scale_b, int opsel_b, const void* site) {
   MatrixOperands mine{};
   std::memcpy(mine.a, a, sizeof a);
   std::memcpy(mine.b, b, sizeof b);
@@ -336,7 +417,7 @@ void mfma_scale_16x16x128_fp8(float (&c)[4], const uint32_t (&a)[8], const uint3
   mine.scale_b = (scale_b >> (8 * opsel_b)) & 0xffu;
   // Lane 16 g + i holds 32 codes of k group g (k in [32 g, 32 g + 32)) for row / column i and that group's
   // E8M0 byte: 2^(byte - 127), NaN for 255.
-  accumulate(c, mine, [](const MatrixOperands& x, const MatrixOperands& y) {
+  accumulate(c, mine, site, [](const MatrixOperands& x, const MatrixOperands& y) {
     if (x.scale_a == 255 || y.scale_b == 255) return std::nan("");
     double sum = 0.0;
     for (int j = 0; j < 32; ++j) {

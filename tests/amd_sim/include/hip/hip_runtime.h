@@ -20,7 +20,7 @@
 #define __global__
 #define __device__
 #define __host__
-#define __forceinline__ inline
+#define __forceinline__ inline __attribute__((always_inline))
 #define __noinline__ __attribute__((noinline))
 #define __launch_bounds__(...)
 #define __align__(n) __attribute__((aligned(n)))
@@ -70,55 +70,58 @@ inline int __syncthreads_or(int predicate) { return ::dsv4_sim::sync_block_count
 inline unsigned __lane_id() { return static_cast<unsigned>(::dsv4_sim::lane_id()); }
 
 namespace dsv4_sim {
-// The value of lane `source` of the last exchange, as T.
+// The value of lane `source` of the caller's last wave operation, as T.
 template <typename T>
-T read_lane(const unsigned char* deposits, int source) {
+T read_lane(int source) {
   static_assert(sizeof(T) <= kSlotBytes, "wave operand too large");
   T value;
-  std::memcpy(&value, deposit_of(deposits, source), sizeof(T));
+  std::memcpy(&value, deposit_of(source), sizeof(T));
   return value;
 }
 }  // namespace dsv4_sim
 
+// Inlined into their callers, so that call_site() tells each place that calls one apart.
+#define DSV4_SIM_WAVE_OPERATION inline __attribute__((always_inline))
+
 // HIP: lane (src & (width - 1)) of the caller's group of `width` lanes.
 template <typename T>
-T __shfl(T var, int src_lane, int width = warpSize) {
+DSV4_SIM_WAVE_OPERATION T __shfl(T var, int src_lane, int width = warpSize) {
   const int self = ::dsv4_sim::lane_id();
-  const unsigned char* deposits = ::dsv4_sim::wave_exchange(&var, sizeof(T));
-  return ::dsv4_sim::read_lane<T>(deposits, (src_lane & (width - 1)) + (self & ~(width - 1)));
+  ::dsv4_sim::wave_exchange(&var, sizeof(T), width, ::dsv4_sim::call_site());
+  return ::dsv4_sim::read_lane<T>((src_lane & (width - 1)) + (self & ~(width - 1)));
 }
 // HIP: lane self ^ mask, or the caller's own value where that lane is past the caller's group.
 template <typename T>
-T __shfl_xor(T var, int lane_mask, int width = warpSize) {
+DSV4_SIM_WAVE_OPERATION T __shfl_xor(T var, int lane_mask, int width = warpSize) {
   const int self = ::dsv4_sim::lane_id();
-  const unsigned char* deposits = ::dsv4_sim::wave_exchange(&var, sizeof(T));
   int source = self ^ lane_mask;
   if (source >= ((self + width) & ~(width - 1))) source = self;
-  return ::dsv4_sim::read_lane<T>(deposits, source);
+  ::dsv4_sim::wave_exchange(&var, sizeof(T), width, ::dsv4_sim::call_site());
+  return ::dsv4_sim::read_lane<T>(source);
 }
 template <typename T>
-T __shfl_down(T var, unsigned delta, int width = warpSize) {
+DSV4_SIM_WAVE_OPERATION T __shfl_down(T var, unsigned delta, int width = warpSize) {
   const int self = ::dsv4_sim::lane_id();
-  const unsigned char* deposits = ::dsv4_sim::wave_exchange(&var, sizeof(T));
   int source = self + static_cast<int>(delta);
-  if ((source & (width - 1)) < (self & (width - 1))) source = self;  // past the group's end
-  return ::dsv4_sim::read_lane<T>(deposits, source >= warpSize ? self : source);
+  if ((source & ~(width - 1)) != (self & ~(width - 1))) source = self;  // past the group's end
+  ::dsv4_sim::wave_exchange(&var, sizeof(T), width, ::dsv4_sim::call_site());
+  return ::dsv4_sim::read_lane<T>(source);
 }
-inline unsigned long long __ballot(int predicate) {
+DSV4_SIM_WAVE_OPERATION unsigned long long __ballot(int predicate) {
   const int mine = predicate != 0;
-  const unsigned char* deposits = ::dsv4_sim::wave_exchange(&mine, sizeof mine);
+  ::dsv4_sim::wave_exchange(&mine, sizeof mine, warpSize, ::dsv4_sim::call_site());
   unsigned long long mask = 0;
   for (int lane = 0; lane < warpSize; ++lane) {
-    if (::dsv4_sim::taken_part(lane) && ::dsv4_sim::read_lane<int>(deposits, lane)) mask |= 1ull << lane;
+    if (::dsv4_sim::taken_part(lane) && ::dsv4_sim::read_lane<int>(lane)) mask |= 1ull << lane;
   }
   return mask;
 }
-inline int __any(int predicate) { return __ballot(predicate) != 0; }
-inline int __all(int predicate) {
+DSV4_SIM_WAVE_OPERATION int __any(int predicate) { return __ballot(predicate) != 0; }
+DSV4_SIM_WAVE_OPERATION int __all(int predicate) {
   const int mine = predicate != 0;
-  const unsigned char* deposits = ::dsv4_sim::wave_exchange(&mine, sizeof mine);
+  ::dsv4_sim::wave_exchange(&mine, sizeof mine, warpSize, ::dsv4_sim::call_site());
   for (int lane = 0; lane < warpSize; ++lane) {
-    if (::dsv4_sim::taken_part(lane) && !::dsv4_sim::read_lane<int>(deposits, lane)) return 0;
+    if (::dsv4_sim::taken_part(lane) && !::dsv4_sim::read_lane<int>(lane)) return 0;
   }
   return 1;
 }
@@ -236,36 +239,41 @@ typedef uint32_t Words8 __attribute__((ext_vector_type(8)));
 inline Floatx4 from_acc(const float (&c)[4]) { return Floatx4{c[0], c[1], c[2], c[3]}; }
 
 template <typename A, typename B>
-Floatx4 builtin_mfma_16x16x16_bf16(A a, B b, Floatx4 c) {
+DSV4_SIM_WAVE_OPERATION Floatx4 builtin_mfma_16x16x16_bf16(A a, B b, Floatx4 c) {
   const Words2 a_words = bits_as<Words2>(a), b_words = bits_as<Words2>(b);
   float acc[4] = {c[0], c[1], c[2], c[3]};
-  mfma_16x16x16_bf16(acc, {a_words[0], a_words[1]}, {b_words[0], b_words[1]});
+  mfma_16x16x16_bf16(acc, {a_words[0], a_words[1]}, {b_words[0], b_words[1]}, call_site());
   return from_acc(acc);
 }
 template <typename A, typename B>
-Floatx4 builtin_mfma_16x16x32_bf16(A a, B b, Floatx4 c) {
+DSV4_SIM_WAVE_OPERATION Floatx4 builtin_mfma_16x16x32_bf16(A a, B b, Floatx4 c) {
   const Words4 a_words = bits_as<Words4>(a), b_words = bits_as<Words4>(b);
   float acc[4] = {c[0], c[1], c[2], c[3]};
   mfma_16x16x32_bf16(acc, {a_words[0], a_words[1], a_words[2], a_words[3]},
-                     {b_words[0], b_words[1], b_words[2], b_words[3]});
+                     {b_words[0], b_words[1], b_words[2], b_words[3]}, call_site());
   return from_acc(acc);
 }
-inline Floatx4 builtin_mfma_16x16x32_fp8(long a, long b, Floatx4 c) {
+DSV4_SIM_WAVE_OPERATION Floatx4 builtin_mfma_16x16x32_fp8(long a, long b, Floatx4 c) {
   const Words2 a_words = bits_as<Words2>(a), b_words = bits_as<Words2>(b);
   float acc[4] = {c[0], c[1], c[2], c[3]};
-  mfma_16x16x32_fp8(acc, {a_words[0], a_words[1]}, {b_words[0], b_words[1]}, kChipFp8);
+  mfma_16x16x32_fp8(acc, {a_words[0], a_words[1]}, {b_words[0], b_words[1]}, kChipFp8, call_site());
   return from_acc(acc);
 }
+// `unscaled`: the call's scale operands are immediate zeros, from which LLVM selects the instruction without
+// scales, v_mfma_f32_16x16x128_f8f6f4 (the device check asserts that no scaled MFMA remains where a kernel
+// relies on it); the scaled one reads a zero byte as 2^-127.
 template <typename A, typename B>
-Floatx4 builtin_mfma_scale_16x16x128(A a, B b, Floatx4 c, int a_format, int b_format, int opsel_a, int scale_a,
-                                     int opsel_b, int scale_b) {
+DSV4_SIM_WAVE_OPERATION Floatx4 builtin_mfma_scale_16x16x128(A a, B b, Floatx4 c, int a_format, int b_format, int opsel_a, int scale_a,
+                                     int opsel_b, int scale_b, bool unscaled) {
   if (a_format != 0 || b_format != 0) __builtin_trap();  // only e4m3 x e4m3 is modelled
   const Words8 a_words = bits_as<Words8>(a), b_words = bits_as<Words8>(b);
   uint32_t a_array[8], b_array[8];
   for (int i = 0; i < 8; ++i) a_array[i] = a_words[i], b_array[i] = b_words[i];
   float acc[4] = {c[0], c[1], c[2], c[3]};
-  mfma_scale_16x16x128_fp8(acc, a_array, b_array, static_cast<uint32_t>(scale_a), opsel_a,
-                           static_cast<uint32_t>(scale_b), opsel_b);
+  constexpr uint32_t kUnitScale = 127;
+  mfma_scale_16x16x128_fp8(acc, a_array, b_array, unscaled ? kUnitScale : static_cast<uint32_t>(scale_a),
+                           unscaled ? 0 : opsel_a, unscaled ? kUnitScale : static_cast<uint32_t>(scale_b),
+                           unscaled ? 0 : opsel_b, call_site());
   return from_acc(acc);
 }
 }  // namespace dsv4_sim
@@ -278,7 +286,9 @@ Floatx4 builtin_mfma_scale_16x16x128(A a, B b, Floatx4 c, int a_format, int b_fo
   ::dsv4_sim::builtin_mfma_16x16x32_fp8((a), (b), (c))
 #define __builtin_amdgcn_mfma_scale_f32_16x16x128_f8f6f4(a, b, c, a_format, b_format, opsel_a, scale_a, opsel_b, \
                                                          scale_b)                                                \
-  ::dsv4_sim::builtin_mfma_scale_16x16x128((a), (b), (c), (a_format), (b_format), (opsel_a), (scale_a), (opsel_b), \
-                                           (scale_b))
+  ::dsv4_sim::builtin_mfma_scale_16x16x128(                                                                      \
+      (a), (b), (c), (a_format), (b_format), (opsel_a), (scale_a), (opsel_b), (scale_b),                         \
+      __builtin_constant_p((opsel_a) == 0 && (scale_a) == 0 && (opsel_b) == 0 && (scale_b) == 0) &&               \
+          (opsel_a) == 0 && (scale_a) == 0 && (opsel_b) == 0 && (scale_b) == 0)
 #define __builtin_amdgcn_cvt_pk_fp8_f32(lo, hi, old, high_word) \
   ::dsv4_sim::cvt_pk_fp8_f32((lo), (hi), (old), (high_word), ::dsv4_sim::kChipFp8)
