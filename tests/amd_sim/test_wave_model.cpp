@@ -10,9 +10,11 @@ namespace {
 using namespace dsv4_sim_test;
 using dsv4_sim::Index3;
 
+// 32 compute units: grids sized to one wave of blocks stay small, and the mHC dot products still split K
+// into the 33 or more slices that select their 32-lane epilogue.
 const bool chip_is_set = [] {
-  dsv4_sim::set_chip(is_gfx942() ? dsv4_sim::ChipModel{"gfx942:sramecc+:xnack-", 64 * 1024, 8}
-                                 : dsv4_sim::ChipModel{"gfx950", 160 * 1024, 8});
+  dsv4_sim::set_chip(is_gfx942() ? dsv4_sim::ChipModel{"gfx942:sramecc+:xnack-", 64 * 1024, 32}
+                                 : dsv4_sim::ChipModel{"gfx950", 160 * 1024, 32});
   return true;
 }();
 

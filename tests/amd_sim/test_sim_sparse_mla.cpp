@@ -1,0 +1,126 @@
+// Sparse MLA decode on the modelled chip against the CPU implementation, on caches the CPU writer filled:
+// a SWA ("main") cache in either encoding plus an OCP compressed ("extra") cache, ragged index lists with
+// invalid slots, a sink, head counts that are and are not multiples of the 16-head MFMA tile, split counts
+// 1, 3 and automatic, with and without the inverse-RoPE epilogue. Tolerance as in
+// tests/test_sparse_mla_decode.py: the GPU kernel rounds the softmax weights to bf16 for the P V product
+// (relative 2^-9 each, random in sign), so rtol 1e-2 on top of one bf16 step of the row's largest value.
+#include <algorithm>
+
+#include "cpu/kv_cache/kv_cache_cpu.h"
+#include "cpu/sparse_mla/sparse_mla_cpu.h"
+#include "kv_cache/kv_cache_launchers.h"
+#include "sim_test_support.h"
+#include "sparse_mla/sparse_mla_launchers.h"
+
+namespace {
+
+using namespace dsv4_sim_test;
+using dsv4::Fp8Format;
+
+// A cache of `blocks` x `block_size` records written from random keys by the CPU writer.
+struct FilledCache {
+  std::vector<uint8_t> bytes;
+  int64_t blocks, block_size, stride;
+  FilledCache(Random& random, int64_t blocks_, int64_t block_size_, Fp8Format format)
+      : blocks(blocks_), block_size(block_size_), stride(block_size_ * dsv4::ds_mla::kRecordBytes + 32) {
+    bytes.assign(blocks * stride, 0);
+    const int64_t slots = blocks * block_size;
+    const std::vector<uint16_t> k = random.bf16(slots * 512, 1.0f);
+    std::vector<int64_t> mapping(slots);
+    for (int64_t s = 0; s < slots; ++s) mapping[s] = s;
+    const dsv4::KvInsertArgs args{k.data(), 512, mapping.data(), slots, {bytes.data(), blocks, stride, block_size},
+                                  format, format == Fp8Format::kOCP ? 448.0f : 224.0f};
+    dsv4::cpu::quantize_and_insert_k_cache(args, 0, slots);
+  }
+};
+
+// Ragged lists of `per_row` slots (give or take) per row, with negative and out-of-cache entries.
+struct IndexLists {
+  std::vector<int32_t> indices, indptr;
+  IndexLists(Random& random, int64_t tokens, int64_t per_row, int64_t capacity) {
+    indptr.push_back(0);
+    for (int64_t t = 0; t < tokens; ++t) {
+      const int64_t count = per_row + random.integer(-per_row / 3, per_row / 3);
+      for (int64_t i = 0; i < count; ++i) indices.push_back(static_cast<int32_t>(random.integer(0, capacity - 1)));
+      indices.push_back(-1);
+      indices.push_back(static_cast<int32_t>(capacity));
+      indptr.push_back(static_cast<int32_t>(indices.size()));
+    }
+  }
+};
+
+void check_decode(int64_t heads, int64_t tokens, Fp8Format main_format, bool with_extra, int requested_splits,
+                  bool inverse_rope, uint64_t seed) {
+  Random random(seed);
+  const FilledCache main_cache(random, 6, 64, main_format);
+  const FilledCache extra_cache(random, 3, 64, Fp8Format::kOCP);
+  const IndexLists main_lists(random, tokens, 100, main_cache.blocks * main_cache.block_size);
+  const IndexLists extra_lists(random, tokens, 60, extra_cache.blocks * extra_cache.block_size);
+  const std::vector<uint16_t> q = random.bf16(tokens * heads * 512, 1.0f);
+  std::vector<float> sink = random.floats(heads, 1.0f);
+  sink[0] = std::nanf("");  // no sink for head 0
+  const std::vector<float> cos_sin = rope_table(32);
+  std::vector<int64_t> positions(tokens);
+  for (int64_t t = 0; t < tokens; ++t) positions[t] = (t * 11) % 32;
+
+  dsv4::SparseMlaDecodeArgs args{};
+  args.q = q.data();
+  args.q_token_stride = heads * 512;
+  args.q_head_stride = 512;
+  args.main = {main_cache.bytes.data(), main_cache.blocks, main_cache.block_size, main_cache.stride,
+               main_lists.indices.data(), static_cast<int64_t>(main_lists.indices.size()), main_lists.indptr.data(),
+               main_format};
+  if (with_extra) {
+    args.extra = {extra_cache.bytes.data(), extra_cache.blocks, extra_cache.block_size, extra_cache.stride,
+                  extra_lists.indices.data(), static_cast<int64_t>(extra_lists.indices.size()),
+                  extra_lists.indptr.data(), Fp8Format::kOCP};
+  }
+  args.sink = sink.data();
+  args.scale = 1.0f / std::sqrt(512.0f);
+  args.inverse_rope = inverse_rope;
+  args.rope = {cos_sin.data(), false, 32, positions.data(), true};
+  args.out_token_stride = heads * 512;
+  args.out_head_stride = 512;
+  args.tokens = tokens;
+  args.heads = heads;
+
+  std::vector<uint16_t> got(tokens * heads * 512, 0x7777), want = got;
+  args.out = got.data();
+  args.num_splits = dsv4::gpu::sparse_mla_decode_num_splits(args, requested_splits);
+  std::vector<float> partials(std::max<int64_t>(dsv4::gpu::sparse_mla_workspace_floats(args), 1));
+  args.partials = partials.data();
+  ASSERT_EQ(dsv4::gpu::launch_sparse_mla_decode(args, nullptr), dsv4::LaunchStatus::kOk);
+  args.out = want.data();
+  args.num_splits = 1;
+  args.partials = nullptr;
+  dsv4::cpu::sparse_mla_decode(args, 0, tokens);
+
+  const std::string what = "heads " + std::to_string(heads) + " tokens " + std::to_string(tokens) + " main " +
+                           std::to_string(static_cast<int>(main_format)) + (with_extra ? " + extra" : "") +
+                           " splits " + std::to_string(requested_splits) + (inverse_rope ? " inverse RoPE" : "");
+  for (int64_t row = 0; row < tokens * heads; ++row) {
+    float largest = 0.0f;
+    for (int i = 0; i < 512; ++i) largest = std::max(largest, std::fabs(dsv4::bf16_bits_to_float(want[row * 512 + i])));
+    for (int i = 0; i < 512; ++i) {
+      const float g = dsv4::bf16_bits_to_float(got[row * 512 + i]), w = dsv4::bf16_bits_to_float(want[row * 512 + i]);
+      ASSERT_LE(std::fabs(g - w), 1e-2f * std::fabs(w) + std::ldexp(largest, -8))
+          << what << ": row " << row << " dim " << i << " got " << g << " want " << w;
+    }
+  }
+}
+
+TEST(AmdSimSparseMla, SwaOnlyAndWithCompressedCache) {
+  for (Fp8Format main_format : {Fp8Format::kOCP, Fp8Format::kFNUZ}) {
+    check_decode(16, 2, main_format, false, 1, false, 61);
+    check_decode(16, 2, main_format, true, 0, false, 62);
+  }
+}
+
+TEST(AmdSimSparseMla, HeadCountsSplitsAndInverseRope) {
+  const Fp8Format chip = chip_format();
+  check_decode(8, 3, chip, true, 3, false, 63);   // fewer heads than the tile
+  check_decode(20, 1, chip, true, 0, true, 64);   // not a multiple of 16
+  check_decode(64, 1, chip, true, 1, true, 65);
+}
+
+}  // namespace
