@@ -7,10 +7,14 @@
 # the inline functions of the shared numerics headers are compiled there with the AMD paths selected, and
 # must not stand in for the CPU library's own copies (or the other way round) at the final link.
 
+option(DSV4OPS_AMD_SIM "run the gfx942/gfx950 kernel paths on the CPU (tests/amd_sim; needs a host clang)" ON)
+if(NOT DSV4OPS_AMD_SIM)
+  return()
+endif()
 find_program(DSV4OPS_SIM_CLANG NAMES clang++-19 clang++ DOC "host clang for the wave64 model's kernel builds")
 if(NOT DSV4OPS_SIM_CLANG)
-  message(WARNING "no host clang: the gfx942/gfx950 kernel paths are not run on the CPU (tests/amd_sim)")
-  return()
+  message(FATAL_ERROR "tests/amd_sim needs a host clang (clang++-19: tools/setup.sh --dev installs it), or "
+                      "-DDSV4OPS_AMD_SIM=OFF to build the other tests without it")
 endif()
 
 set(_sim_dir ${CMAKE_BINARY_DIR}/amd_sim)
