@@ -80,6 +80,30 @@ TEST(AmdSimFp8, BlockDequantizeAndFnToFnuz) {
   EXPECT_TRUE(same_bytes(got_scale, want_scale));
 }
 
+TEST(AmdSimFp8, Ue8m0Conversions) {
+  std::vector<uint8_t> bytes(256);
+  for (int i = 0; i < 256; ++i) bytes[i] = static_cast<uint8_t>(i);
+  std::vector<float> got(256), want(256);
+  ASSERT_EQ(dsv4::gpu::launch_ue8m0_to_float(bytes.data(), got.data(), 256, nullptr), dsv4::LaunchStatus::kOk);
+  dsv4::cpu::ue8m0_to_float(bytes.data(), want.data(), 0, 256);
+  EXPECT_TRUE(same_bytes(got, want));
+  // Every power of two in range and its neighbours, zero, negatives, Inf, NaN, subnormals.
+  std::vector<float> scales;
+  for (int e = -130; e <= 128; ++e) {
+    const float p = std::ldexp(1.0f, e);
+    scales.insert(scales.end(), {p, std::nextafter(p, 0.0f), std::nextafter(p, INFINITY), -p});
+  }
+  scales.insert(scales.end(), {0.0f, -0.0f, INFINITY, -INFINITY, std::nanf(""), 1e-45f});
+  std::vector<uint8_t> byte_got(scales.size()), byte_want(scales.size()), refusal_got(scales.size(), 7),
+      refusal_want(scales.size(), 7);
+  ASSERT_EQ(dsv4::gpu::launch_float_to_ue8m0_lossless(scales.data(), byte_got.data(), refusal_got.data(),
+                                                      scales.size(), nullptr),
+            dsv4::LaunchStatus::kOk);
+  dsv4::cpu::float_to_ue8m0_lossless(scales.data(), byte_want.data(), refusal_want.data(), 0, scales.size());
+  EXPECT_TRUE(same_bytes(byte_got, byte_want));
+  EXPECT_TRUE(same_bytes(refusal_got, refusal_want));
+}
+
 // A cache of `blocks` blocks of `block_size` records with `pad` spare bytes after each block (canaries).
 struct Cache {
   std::vector<uint8_t> bytes;

@@ -49,12 +49,28 @@ struct IndexLists {
   }
 };
 
+// `poisoned`: slots 5 and 70 of the main cache get a NaN scale byte and a NaN RoPE value (the kernels zero
+// a key's non-finite dims), and every row selects them.
 void check_decode(int64_t heads, int64_t tokens, Fp8Format main_format, bool with_extra, int requested_splits,
-                  bool inverse_rope, uint64_t seed) {
+                  bool inverse_rope, uint64_t seed, bool poisoned = false) {
   Random random(seed);
-  const FilledCache main_cache(random, 6, 64, main_format);
+  FilledCache main_cache(random, 6, 64, main_format);
+  if (poisoned) {
+    for (int64_t slot : {5, 70}) {
+      const dsv4::ds_mla::RecordAddress address = dsv4::ds_mla::record_address(slot, 64, main_cache.stride);
+      main_cache.bytes[address.scale + 2] = 255;
+      main_cache.bytes[address.data + 448] = 0xC0;  // bf16 0x7FC0 (NaN), little-endian
+      main_cache.bytes[address.data + 449] = 0x7F;
+    }
+  }
   const FilledCache extra_cache(random, 3, 64, Fp8Format::kOCP);
-  const IndexLists main_lists(random, tokens, 100, main_cache.blocks * main_cache.block_size);
+  IndexLists main_lists(random, tokens, 100, main_cache.blocks * main_cache.block_size);
+  if (poisoned) {
+    for (int64_t t = 0; t < tokens; ++t) {
+      main_lists.indices[main_lists.indptr[t]] = 5;
+      main_lists.indices[main_lists.indptr[t] + 1] = 70;
+    }
+  }
   const IndexLists extra_lists(random, tokens, 60, extra_cache.blocks * extra_cache.block_size);
   const std::vector<uint16_t> q = random.bf16(tokens * heads * 512, 1.0f);
   std::vector<float> sink = random.floats(heads, 1.0f);
@@ -97,8 +113,10 @@ void check_decode(int64_t heads, int64_t tokens, Fp8Format main_format, bool wit
 
   const std::string what = "heads " + std::to_string(heads) + " tokens " + std::to_string(tokens) + " main " +
                            std::to_string(static_cast<int>(main_format)) + (with_extra ? " + extra" : "") +
-                           " splits " + std::to_string(requested_splits) + (inverse_rope ? " inverse RoPE" : "");
+                           " splits " + std::to_string(requested_splits) + (inverse_rope ? " inverse RoPE" : "") +
+                           (poisoned ? " poisoned" : "");
   for (int64_t row = 0; row < tokens * heads; ++row) {
+    for (int i = 0; i < 512; ++i) ASSERT_FALSE(std::isnan(dsv4::bf16_bits_to_float(got[row * 512 + i]))) << what;
     float largest = 0.0f;
     for (int i = 0; i < 512; ++i) largest = std::max(largest, std::fabs(dsv4::bf16_bits_to_float(want[row * 512 + i])));
     for (int i = 0; i < 512; ++i) {
@@ -121,6 +139,12 @@ TEST(AmdSimSparseMla, HeadCountsSplitsAndInverseRope) {
   check_decode(8, 3, chip, true, 3, false, 63);   // fewer heads than the tile
   check_decode(20, 1, chip, true, 0, true, 64);   // not a multiple of 16
   check_decode(64, 1, chip, true, 1, true, 65);
+}
+
+TEST(AmdSimSparseMla, PoisonedRecords) {
+  for (Fp8Format main_format : {Fp8Format::kOCP, Fp8Format::kFNUZ}) {
+    check_decode(16, 2, main_format, true, 0, false, 66, true);
+  }
 }
 
 }  // namespace

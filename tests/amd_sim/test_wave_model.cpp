@@ -99,17 +99,19 @@ TEST(WaveModel, Mfma16x16x32Fp8DecodesTheChipsEncoding) {
     return format == dsv4::Fp8Format::kOCP ? dsv4::fp8_decode<dsv4::Fp8Format::kOCP>(x)
                                            : dsv4::fp8_decode<dsv4::Fp8Format::kFNUZ>(x);
   };
-  check_matrix_instruction<32, uint8_t>(a, b, decode, 1.0, [kind](float (&acc)[4], const auto& a_lane, const auto& b_lane) {
-    uint32_t aw[2], bw[2];
-    pack(aw, a_lane);
-    pack(bw, b_lane);
-    dsv4_sim::mfma_16x16x32_fp8(acc, aw, bw, kind, nullptr);
-  });
+  check_matrix_instruction<32, uint8_t>(a, b, decode, 1.0,
+                                        [kind](float (&acc)[4], const auto& a_lane, const auto& b_lane) {
+                                          uint32_t aw[2], bw[2];
+                                          pack(aw, a_lane);
+                                          pack(bw, b_lane);
+                                          dsv4_sim::mfma_16x16x32_fp8(acc, aw, bw, kind, nullptr);
+                                        });
 }
 
 TEST(WaveModel, ScaledMfma16x16x128AppliesBothScaleBytes) {
   Random random(4);
-  const std::vector<uint8_t> a = random.fp8(16 * 128, dsv4::Fp8Format::kOCP), b = random.fp8(128 * 16, dsv4::Fp8Format::kOCP);
+  const std::vector<uint8_t> a = random.fp8(16 * 128, dsv4::Fp8Format::kOCP);
+  const std::vector<uint8_t> b = random.fp8(128 * 16, dsv4::Fp8Format::kOCP);
   // One byte for every lane: the same for each row's / column's four k groups, as 2^(130 - 127) * 2^(120 - 127).
   check_matrix_instruction<128, uint8_t>(
       a, b, [](uint8_t x) -> double { return dsv4::fp8_decode<dsv4::Fp8Format::kOCP>(x); }, std::ldexp(1.0, 3 - 7),

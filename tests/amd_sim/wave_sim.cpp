@@ -344,7 +344,9 @@ float bf16_value(const uint32_t* words, int index) {
   return dsv4::bf16_bits_to_float(static_cast<uint16_t>(index % 2 ? word >> 16 : word & 0xffffu));
 }
 
-uint8_t byte_of(const uint32_t* words, int index) { return static_cast<uint8_t>(words[index / 4] >> (8 * (index % 4))); }
+uint8_t byte_of(const uint32_t* words, int index) {
+  return static_cast<uint8_t>(words[index / 4] >> (8 * (index % 4)));
+}
 
 float fp8_value(uint8_t code, Fp8Kind kind) {
   return kind == Fp8Kind::kFnuz ? dsv4::fp8_decode<dsv4::Fp8Format::kFNUZ>(code)

@@ -157,7 +157,9 @@ inline int __ffs(int x) { return __builtin_ffs(x); }
 inline unsigned __byte_perm(unsigned a, unsigned b, unsigned selector) {
   const uint64_t both = (static_cast<uint64_t>(b) << 32) | a;
   unsigned result = 0;
-  for (int i = 0; i < 4; ++i) result |= static_cast<unsigned>((both >> (8 * ((selector >> (4 * i)) & 7))) & 0xff) << (8 * i);
+  for (int i = 0; i < 4; ++i) {
+    result |= static_cast<unsigned>((both >> (8 * ((selector >> (4 * i)) & 7))) & 0xff) << (8 * i);
+  }
   return result;
 }
 // The kernels build with -ffp-contract=off here, so these round like the device's _rn forms.
@@ -263,8 +265,9 @@ DSV4_SIM_WAVE_OPERATION Floatx4 builtin_mfma_16x16x32_fp8(long a, long b, Floatx
 // scales, v_mfma_f32_16x16x128_f8f6f4 (the device check asserts that no scaled MFMA remains where a kernel
 // relies on it); the scaled one reads a zero byte as 2^-127.
 template <typename A, typename B>
-DSV4_SIM_WAVE_OPERATION Floatx4 builtin_mfma_scale_16x16x128(A a, B b, Floatx4 c, int a_format, int b_format, int opsel_a, int scale_a,
-                                     int opsel_b, int scale_b, bool unscaled) {
+DSV4_SIM_WAVE_OPERATION Floatx4 builtin_mfma_scale_16x16x128(A a, B b, Floatx4 c, int a_format, int b_format,
+                                                             int opsel_a, int scale_a, int opsel_b, int scale_b,
+                                                             bool unscaled) {
   if (a_format != 0 || b_format != 0) __builtin_trap();  // only e4m3 x e4m3 is modelled
   const Words8 a_words = bits_as<Words8>(a), b_words = bits_as<Words8>(b);
   uint32_t a_array[8], b_array[8];
