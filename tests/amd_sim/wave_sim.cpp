@@ -84,11 +84,17 @@ Grid g_grid;
 Block g_block;
 std::vector<Thread> g_threads;
 std::vector<Wave> g_waves;
-std::vector<unsigned char> g_shared;
+std::vector<unsigned char> g_shared;  // kSharedAlignment spare bytes in front
+size_t g_shared_bytes = 0;
 Thread* g_current = nullptr;
 ucontext_t g_scheduler;
 
 Wave& wave_of(const Thread& thread) { return g_waves[thread.linear / kWaveSize]; }
+
+unsigned char* shared_base() {
+  const uintptr_t address = reinterpret_cast<uintptr_t>(g_shared.data());
+  return g_shared.data() + (kSharedAlignment - address % kSharedAlignment) % kSharedAlignment;
+}
 
 // Back to the scheduler until it resumes this thread.
 void yield() { swapcontext(&g_current->context, &g_scheduler); }
@@ -181,7 +187,7 @@ void run_block() {
   for (int w = 0; w < waves; ++w) {
     for (Round& round : g_waves[w].rounds) round = Round{};
   }
-  std::fill(g_shared.begin(), g_shared.end(), static_cast<unsigned char>(0xCD));
+  std::fill(shared_base(), shared_base() + g_shared_bytes, static_cast<unsigned char>(0xCD));
   for (int t = 0; t < g_grid.threads; ++t) {
     Thread& thread = g_threads[t];
     thread.linear = t;
@@ -225,7 +231,7 @@ const Index3& block_index() { return g_block.index; }
 const Index3& block_dim() { return g_grid.block; }
 const Index3& grid_dim() { return g_grid.grid; }
 int lane_id() { return g_current->linear % kWaveSize; }
-void* dynamic_shared_memory() { return g_shared.data(); }
+void* dynamic_shared_memory() { return shared_base(); }
 
 int sync_block_count(int predicate) {
   Thread& self = *g_current;
@@ -301,7 +307,8 @@ int run_grid(Index3 grid, Index3 block, size_t dynamic_shared_bytes, KernelBody 
     for (size_t t = old; t < threads; ++t) g_threads[t].stack.reset(new unsigned char[kStackBytes]);
   }
   g_waves.resize((threads + kWaveSize - 1) / kWaveSize);
-  g_shared.assign(dynamic_shared_bytes, 0xCD);
+  g_shared.assign(dynamic_shared_bytes + kSharedAlignment, 0xCD);
+  g_shared_bytes = dynamic_shared_bytes;
   for (uint32_t z = 0; z < grid.z; ++z) {
     for (uint32_t y = 0; y < grid.y; ++y) {
       for (uint32_t x = 0; x < grid.x; ++x) {

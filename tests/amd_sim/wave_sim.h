@@ -8,7 +8,8 @@
 // part aborts, as does a wave whose lanes wait at two different wave operations of one lane group at
 // once (the hardware would run them one after the other; the model cannot tell which lanes each takes);
 // waits that can never end abort as a deadlock; dynamic shared memory starts filled with 0xCD bytes each
-// block, and a launch over the chip's LDS, or over 1024 threads, fails like the runtime's.
+// block (static shared variables keep the previous block's values), and a launch over the chip's LDS, or
+// over 1024 threads, fails like the runtime's.
 //
 // This header has no HIP types: it is shared by the kernels' shim (include/hip/hip_runtime.h, built
 // with the kernels) and by the runtime (wave_sim.cpp, built with the tests).
@@ -32,7 +33,8 @@ const Index3& block_dim();
 const Index3& grid_dim();
 int lane_id();
 
-// The block's dynamic shared memory (at least `alignment`-aligned).
+// The block's dynamic shared memory, aligned to kSharedAlignment bytes (the most a kernel asks for).
+inline constexpr size_t kSharedAlignment = 1024;
 void* dynamic_shared_memory();
 
 void sync_block();
