@@ -66,29 +66,23 @@ void pack(uint32_t (&words)[kWords], const std::vector<Element>& values) {
   std::memcpy(words, values.data(), values.size() * sizeof(Element));
 }
 
-TEST(WaveModel, Mfma16x16x16Bf16FollowsTheTableLayout) {
-  Random random(1);
-  const std::vector<uint16_t> a = random.bf16(16 * 16), b = random.bf16(16 * 16);
-  check_matrix_instruction<16, uint16_t>(a, b, [](uint16_t x) { return dsv4::bf16_bits_to_float(x); }, 1.0,
-                                         [](float (&acc)[4], const auto& a_lane, const auto& b_lane) {
-                                           uint32_t aw[2], bw[2];
+// A bf16 instruction of depth kK: a lane holds kK / 4 values, kK / 8 words, of A and of B.
+template <int kK, typename Instruction>
+void check_bf16_instruction(uint64_t seed, Instruction instruction) {
+  Random random(seed);
+  const std::vector<uint16_t> a = random.bf16(16 * kK), b = random.bf16(kK * 16);
+  check_matrix_instruction<kK, uint16_t>(a, b, [](uint16_t x) { return dsv4::bf16_bits_to_float(x); }, 1.0,
+                                         [&](float (&acc)[4], const auto& a_lane, const auto& b_lane) {
+                                           uint32_t aw[kK / 8], bw[kK / 8];
                                            pack(aw, a_lane);
                                            pack(bw, b_lane);
-                                           dsv4_sim::mfma_16x16x16_bf16(acc, aw, bw, nullptr);
+                                           instruction(acc, aw, bw, nullptr);
                                          });
 }
 
-TEST(WaveModel, Mfma16x16x32Bf16FollowsTheTableLayout) {
-  Random random(2);
-  const std::vector<uint16_t> a = random.bf16(16 * 32), b = random.bf16(32 * 16);
-  check_matrix_instruction<32, uint16_t>(a, b, [](uint16_t x) { return dsv4::bf16_bits_to_float(x); }, 1.0,
-                                         [](float (&acc)[4], const auto& a_lane, const auto& b_lane) {
-                                           uint32_t aw[4], bw[4];
-                                           pack(aw, a_lane);
-                                           pack(bw, b_lane);
-                                           dsv4_sim::mfma_16x16x32_bf16(acc, aw, bw, nullptr);
-                                         });
-}
+TEST(WaveModel, Mfma16x16x16Bf16FollowsTheTableLayout) { check_bf16_instruction<16>(1, dsv4_sim::mfma_16x16x16_bf16); }
+
+TEST(WaveModel, Mfma16x16x32Bf16FollowsTheTableLayout) { check_bf16_instruction<32>(2, dsv4_sim::mfma_16x16x32_bf16); }
 
 TEST(WaveModel, Mfma16x16x32Fp8DecodesTheChipsEncoding) {
   Random random(3);

@@ -379,36 +379,39 @@ void accumulate(float (&c)[4], const MatrixOperands& mine, const void* site, Gro
   }
 }
 
-}  // namespace
-
-void mfma_16x16x16_bf16(float (&c)[4], const uint32_t (&a)[2], const uint32_t (&b)[2], const void* site) {
+// The lane's operand words.
+template <int kWords>
+MatrixOperands operands_of(const uint32_t (&a)[kWords], const uint32_t (&b)[kWords]) {
+  static_assert(kWords <= 8, "operand words");
   MatrixOperands mine{};
   std::memcpy(mine.a, a, sizeof a);
   std::memcpy(mine.b, b, sizeof b);
-  accumulate(c, mine, site, [](const MatrixOperands& x, const MatrixOperands& y) {
+  return mine;
+}
+
+// Products of bf16 operands: a lane holds 2 values per word, k group g's values in the lanes of group g.
+template <int kWords>
+void mfma_bf16(float (&c)[4], const uint32_t (&a)[kWords], const uint32_t (&b)[kWords], const void* site) {
+  accumulate(c, operands_of(a, b), site, [](const MatrixOperands& x, const MatrixOperands& y) {
     double sum = 0.0;
-    for (int j = 0; j < 4; ++j) sum += static_cast<double>(bf16_value(x.a, j)) * bf16_value(y.b, j);
+    for (int j = 0; j < 2 * kWords; ++j) sum += static_cast<double>(bf16_value(x.a, j)) * bf16_value(y.b, j);
     return sum;
   });
 }
 
+}  // namespace
+
+void mfma_16x16x16_bf16(float (&c)[4], const uint32_t (&a)[2], const uint32_t (&b)[2], const void* site) {
+  mfma_bf16(c, a, b, site);
+}
+
 void mfma_16x16x32_bf16(float (&c)[4], const uint32_t (&a)[4], const uint32_t (&b)[4], const void* site) {
-  MatrixOperands mine{};
-  std::memcpy(mine.a, a, sizeof a);
-  std::memcpy(mine.b, b, sizeof b);
-  accumulate(c, mine, site, [](const MatrixOperands& x, const MatrixOperands& y) {
-    double sum = 0.0;
-    for (int j = 0; j < 8; ++j) sum += static_cast<double>(bf16_value(x.a, j)) * bf16_value(y.b, j);
-    return sum;
-  });
+  mfma_bf16(c, a, b, site);
 }
 
 void mfma_16x16x32_fp8(float (&c)[4], const uint32_t (&a)[2], const uint32_t (&b)[2], Fp8Kind kind,
                        const void* site) {
-  MatrixOperands mine{};
-  std::memcpy(mine.a, a, sizeof a);
-  std::memcpy(mine.b, b, sizeof b);
-  accumulate(c, mine, site, [kind](const MatrixOperands& x, const MatrixOperands& y) {
+  accumulate(c, operands_of(a, b), site, [kind](const MatrixOperands& x, const MatrixOperands& y) {
     double sum = 0.0;
     for (int j = 0; j < 8; ++j) {
       sum += static_cast<double>(fp8_value(byte_of(x.a, j), kind)) * fp8_value(byte_of(y.b, j), kind);
@@ -419,9 +422,7 @@ void mfma_16x16x32_fp8(float (&c)[4], const uint32_t (&a)[2], const uint32_t (&b
 
 void mfma_scale_16x16x128_fp8(float (&c)[4], const uint32_t (&a)[8], const uint32_t (&b)[8], uint32_t scale_a,
                               int opsel_a, uint32_t scale_b, int opsel_b, const void* site) {
-  MatrixOperands mine{};
-  std::memcpy(mine.a, a, sizeof a);
-  std::memcpy(mine.b, b, sizeof b);
+  MatrixOperands mine = operands_of(a, b);
   mine.scale_a = (scale_a >> (8 * opsel_a)) & 0xffu;
   mine.scale_b = (scale_b >> (8 * opsel_b)) & 0xffu;
   // Lane 16 g + i holds 32 codes of k group g (k in [32 g, 32 g + 32)) for row / column i and that group's
