@@ -182,4 +182,72 @@ TEST(AmdSimIndexer, TopkPerRowMatchesCpu) {
   }
 }
 
+// Padded q and logits rows, the paged form with per-row lengths and without the mask, top-k without starts.
+// What these check is where values go: a misplaced row, column or scale changes a value wholesale, far past
+// the 1e-3 allowed here (itself far past the sums' rounding differences, which the tests above bound).
+TEST(AmdSimIndexer, OtherLayouts) {
+  Random random(44);
+  const Fp8Format f = chip_format();
+  {
+    constexpr int64_t kM = 5, kN = 70, kH = 32, kD = 64, kQRow = kH * kD + 64, kLogitsRow = kN + 9;
+    const std::vector<uint8_t> q = random.fp8(kM * kQRow, f, 2.0f), k = random.fp8(kN * kD, f, 2.0f);
+    std::vector<float> k_scale(kN, 0.5f), weights = random.floats(kM * kH);
+    const std::vector<int32_t> ks = {0, 3, 10, 0, 69}, ke = {70, 50, 11, 0, 70};
+    std::vector<float> got(kM * kLogitsRow, 3.0f), want = got;
+    dsv4::MqaLogitsArgs args{q.data(), kQRow, kD, f, k.data(), kD, f, k_scale.data(), weights.data(),
+                             ks.data(), ke.data(), got.data(), kLogitsRow, kM, kN, kH, kD, true};
+    ASSERT_EQ(dsv4::gpu::launch_fp8_mqa_logits(args, nullptr), dsv4::LaunchStatus::kOk);
+    args.logits = want.data();
+    dsv4::cpu::fp8_mqa_logits(args, 0, kM);
+    for (size_t i = 0; i < got.size(); ++i) {
+      if (std::isinf(want[i]) || want[i] == 3.0f) {
+        ASSERT_EQ(got[i], want[i]) << "prefill element " << i;
+      } else {
+        ASSERT_NEAR(got[i], want[i], 1e-3 * std::fabs(want[i]) + 1e-3) << "prefill element " << i;
+      }
+    }
+  }
+  {
+    constexpr int64_t kHeads = 16, kDim = 64, kBlock = 32, kMaxLen = 100;
+    const int64_t stride = kBlock * (kDim + 4);
+    std::vector<uint8_t> cache(4 * stride);
+    for (int64_t b = 0; b < 4; ++b) {
+      const std::vector<uint8_t> codes = random.fp8(kBlock * kDim, f, 2.0f);
+      std::memcpy(&cache[b * stride], codes.data(), codes.size());
+      for (int64_t e = 0; e < kBlock; ++e) {
+        const float scale = 0.25f;
+        std::memcpy(&cache[b * stride + kBlock * kDim + 4 * e], &scale, 4);
+      }
+    }
+    const std::vector<uint8_t> q = random.fp8(2 * 2 * kHeads * kDim, f, 2.0f);
+    const std::vector<float> weights = random.floats(4 * kHeads);
+    const std::vector<int32_t> lens = {40, 0, 100, 77};  // per row: [batch, next_n]
+    const std::vector<int32_t> table = {2, 1, 0, 3, 3, 2, 1, 0};
+    std::vector<float> got(4 * kMaxLen, 3.0f), want = got;
+    dsv4::PagedMqaLogitsArgs args{q.data(), f, cache.data(), 4, kBlock, stride, f, weights.data(), lens.data(), true,
+                                  table.data(), 4, 4, got.data(), kMaxLen, kMaxLen, 2, 2, kHeads, kDim, false};
+    ASSERT_EQ(dsv4::gpu::launch_fp8_paged_mqa_logits(args, nullptr), dsv4::LaunchStatus::kOk);
+    args.logits = want.data();
+    dsv4::cpu::fp8_paged_mqa_logits(args, 0, 4);
+    for (size_t i = 0; i < got.size(); ++i) {
+      if (std::isinf(want[i]) || want[i] == 3.0f) {
+        ASSERT_EQ(got[i], want[i]) << "paged element " << i;
+      } else {
+        ASSERT_NEAR(got[i], want[i], 1e-3 * std::fabs(want[i]) + 1e-3) << "paged element " << i;
+      }
+    }
+  }
+  {
+    constexpr int64_t kRows = 3, kCols = 500, kRowStride = 530, kK = 40;
+    const std::vector<float> logits = random.floats(kRows * kRowStride);
+    const std::vector<int32_t> ends = {500, 20, 0};
+    std::vector<int32_t> got(kRows * kK), want(kRows * kK);
+    dsv4::TopkPerRowArgs args{logits.data(), kRowStride, kCols, nullptr, ends.data(), got.data(), kRows, kK, true};
+    ASSERT_EQ(dsv4::gpu::launch_topk_per_row(args, nullptr), dsv4::LaunchStatus::kOk);
+    args.out = want.data();
+    dsv4::cpu::topk_per_row(args, 0, kRows);
+    EXPECT_EQ(got, want);
+  }
+}
+
 }  // namespace

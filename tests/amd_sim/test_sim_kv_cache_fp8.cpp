@@ -266,4 +266,45 @@ TEST(AmdSimKvCache, DequantizeAndGatherMatchesCpu) {
   }
 }
 
+// Q without its norm, written over q_in (no padding), from KV rows 1024 elements apart.
+TEST(AmdSimKvCache, QnormRopeKvInsertInPlaceWithoutQNorm) {
+  Random random(24);
+  constexpr int64_t kTokens = 6, kHeads = 2, kPositions = 16;
+  const std::vector<uint16_t> q = random.bf16(kTokens * kHeads * 512, 2.0f);
+  const std::vector<uint16_t> kv = random.bf16(kTokens * 1024, 2.0f);
+  const std::vector<float> cos_sin = rope_table(kPositions);
+  const std::vector<int64_t> positions = {1, 2, 3, 15, 0, 7};
+  const std::vector<int64_t> slots = {0, 5, 9, 2, 14, 3};
+  for (Fp8Format format : kFormats) {
+    std::vector<uint16_t> q_got = q, q_want = q;
+    Cache got(2, 8, 16), want(2, 8, 16);
+    dsv4::QnormRopeKvInsertArgs args{};
+    args.q_in = q_got.data();
+    args.q_out = q_got.data();
+    args.kv = kv.data();
+    args.kv_row_stride = 1024;
+    args.slot_mapping = slots.data();
+    args.insert_tokens = kTokens;
+    args.position_ids = positions.data();
+    args.cos_sin = cos_sin.data();
+    args.positions = kPositions;
+    args.tokens = kTokens;
+    args.heads = kHeads;
+    args.padded_heads = kHeads;
+    args.eps = 1e-6f;
+    args.apply_q_norm = false;
+    args.kv_store = dsv4::KvRowStore::kDsMlaRecord;
+    args.cache = got.view;
+    args.format = format;
+    args.quant_max = default_quant_max(format);
+    ASSERT_EQ(dsv4::gpu::launch_qnorm_rope_kv_insert(args, nullptr), dsv4::LaunchStatus::kOk);
+    args.q_in = q_want.data();
+    args.q_out = q_want.data();
+    args.cache = want.view;
+    dsv4::cpu::qnorm_rope_kv_insert(args, 0, kTokens);
+    EXPECT_TRUE(same_bytes(q_got, q_want)) << "format " << static_cast<int>(format);
+    EXPECT_TRUE(same_bytes(got.bytes, want.bytes)) << "format " << static_cast<int>(format);
+  }
+}
+
 }  // namespace

@@ -161,4 +161,10 @@ TEST(AmdSimMhc, PostAndFusedPostPre) {
   expect_layer_input_close(cpu_in, fused.out, cpu.out, false, "fused");
 }
 
+// The DSv4 sizes at decode: Flash (hidden 4096) and Pro (hidden 7168).
+TEST(AmdSimMhc, PreAtModelSizes) {
+  Random random(55);
+  for (int64_t hidden : {4096, 7168}) check_pre(random, 2, hidden, dsv4::mhc::kPreMixes, false);
+}
+
 }  // namespace

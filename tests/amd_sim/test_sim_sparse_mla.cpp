@@ -51,13 +51,16 @@ struct IndexLists {
 
 // `poisoned`: slots 5 and 70 of the main cache get a NaN scale byte and a NaN RoPE value (the kernels zero
 // a key's non-finite dims), and every row selects them.
+// `layout`: q and out rows at padded strides (heads 512 + 64 apart, tokens one head further), the main
+// cache in blocks of 16, int32 positions.
 void check_decode(int64_t heads, int64_t tokens, Fp8Format main_format, bool with_extra, int requested_splits,
-                  bool inverse_rope, uint64_t seed, bool poisoned = false) {
+                  bool inverse_rope, uint64_t seed, bool poisoned = false, bool layout = false) {
   Random random(seed);
-  FilledCache main_cache(random, 6, 64, main_format);
+  const int64_t block_size = layout ? 16 : 64;
+  FilledCache main_cache(random, 384 / block_size, block_size, main_format);
   if (poisoned) {
     for (int64_t slot : {5, 70}) {
-      const dsv4::ds_mla::RecordAddress address = dsv4::ds_mla::record_address(slot, 64, main_cache.stride);
+      const dsv4::ds_mla::RecordAddress address = dsv4::ds_mla::record_address(slot, block_size, main_cache.stride);
       main_cache.bytes[address.scale + 2] = 255;
       main_cache.bytes[address.data + 448] = 0xC0;  // bf16 0x7FC0 (NaN), little-endian
       main_cache.bytes[address.data + 449] = 0x7F;
@@ -72,17 +75,19 @@ void check_decode(int64_t heads, int64_t tokens, Fp8Format main_format, bool wit
     }
   }
   const IndexLists extra_lists(random, tokens, 60, extra_cache.blocks * extra_cache.block_size);
-  const std::vector<uint16_t> q = random.bf16(tokens * heads * 512, 1.0f);
+  const int64_t head_stride = layout ? 512 + 64 : 512, token_stride = (heads + (layout ? 1 : 0)) * head_stride;
+  const std::vector<uint16_t> q = random.bf16(tokens * token_stride, 1.0f);
   std::vector<float> sink = random.floats(heads, 1.0f);
   sink[0] = std::nanf("");  // no sink for head 0
   const std::vector<float> cos_sin = rope_table(32);
   std::vector<int64_t> positions(tokens);
-  for (int64_t t = 0; t < tokens; ++t) positions[t] = (t * 11) % 32;
+  std::vector<int32_t> positions32(tokens);
+  for (int64_t t = 0; t < tokens; ++t) positions32[t] = static_cast<int32_t>(positions[t] = (t * 11) % 32);
 
   dsv4::SparseMlaDecodeArgs args{};
   args.q = q.data();
-  args.q_token_stride = heads * 512;
-  args.q_head_stride = 512;
+  args.q_token_stride = token_stride;
+  args.q_head_stride = head_stride;
   args.main = {main_cache.bytes.data(), main_cache.blocks, main_cache.block_size, main_cache.stride,
                main_lists.indices.data(), static_cast<int64_t>(main_lists.indices.size()), main_lists.indptr.data(),
                main_format};
@@ -94,13 +99,14 @@ void check_decode(int64_t heads, int64_t tokens, Fp8Format main_format, bool wit
   args.sink = sink.data();
   args.scale = 1.0f / std::sqrt(512.0f);
   args.inverse_rope = inverse_rope;
-  args.rope = {cos_sin.data(), false, 32, positions.data(), true};
-  args.out_token_stride = heads * 512;
-  args.out_head_stride = 512;
+  args.rope = layout ? dsv4::RopeTable{cos_sin.data(), false, 32, positions32.data(), false}
+                     : dsv4::RopeTable{cos_sin.data(), false, 32, positions.data(), true};
+  args.out_token_stride = token_stride;
+  args.out_head_stride = head_stride;
   args.tokens = tokens;
   args.heads = heads;
 
-  std::vector<uint16_t> got(tokens * heads * 512, 0x7777), want = got;
+  std::vector<uint16_t> got(tokens * token_stride, 0x7777), want = got;
   args.out = got.data();
   args.num_splits = dsv4::gpu::sparse_mla_decode_num_splits(args, requested_splits);
   std::vector<float> partials(std::max<int64_t>(dsv4::gpu::sparse_mla_workspace_floats(args), 1));
@@ -114,13 +120,18 @@ void check_decode(int64_t heads, int64_t tokens, Fp8Format main_format, bool wit
   const std::string what = "heads " + std::to_string(heads) + " tokens " + std::to_string(tokens) + " main " +
                            std::to_string(static_cast<int>(main_format)) + (with_extra ? " + extra" : "") +
                            " splits " + std::to_string(requested_splits) + (inverse_rope ? " inverse RoPE" : "") +
-                           (poisoned ? " poisoned" : "");
+                           (poisoned ? " poisoned" : "") + (layout ? " strided" : "");
+  for (size_t i = 0; i < got.size(); ++i) {  // the padding between rows: untouched
+    if (want[i] == 0x7777) ASSERT_EQ(got[i], 0x7777) << what << ": wrote into the padding at " << i;
+  }
   for (int64_t row = 0; row < tokens * heads; ++row) {
-    for (int i = 0; i < 512; ++i) ASSERT_FALSE(std::isnan(dsv4::bf16_bits_to_float(got[row * 512 + i]))) << what;
+    const uint16_t* got_row = &got[(row / heads) * token_stride + (row % heads) * head_stride];
+    const uint16_t* want_row = &want[(row / heads) * token_stride + (row % heads) * head_stride];
+    for (int i = 0; i < 512; ++i) ASSERT_FALSE(std::isnan(dsv4::bf16_bits_to_float(got_row[i]))) << what;
     float largest = 0.0f;
-    for (int i = 0; i < 512; ++i) largest = std::max(largest, std::fabs(dsv4::bf16_bits_to_float(want[row * 512 + i])));
+    for (int i = 0; i < 512; ++i) largest = std::max(largest, std::fabs(dsv4::bf16_bits_to_float(want_row[i])));
     for (int i = 0; i < 512; ++i) {
-      const float g = dsv4::bf16_bits_to_float(got[row * 512 + i]), w = dsv4::bf16_bits_to_float(want[row * 512 + i]);
+      const float g = dsv4::bf16_bits_to_float(got_row[i]), w = dsv4::bf16_bits_to_float(want_row[i]);
       ASSERT_LE(std::fabs(g - w), 1e-2f * std::fabs(w) + std::ldexp(largest, -8))
           << what << ": row " << row << " dim " << i << " got " << g << " want " << w;
     }
@@ -145,6 +156,11 @@ TEST(AmdSimSparseMla, PoisonedRecords) {
   for (Fp8Format main_format : {Fp8Format::kOCP, Fp8Format::kFNUZ}) {
     check_decode(16, 2, main_format, true, 0, false, 66, true);
   }
+}
+
+TEST(AmdSimSparseMla, StridedRowsSmallBlocksInt32Positions) {
+  check_decode(16, 2, chip_format(), true, 2, true, 67, false, true);
+  check_decode(128, 1, chip_format(), true, 0, true, 68, false, true);  // DSv4-Pro at TP1
 }
 
 }  // namespace

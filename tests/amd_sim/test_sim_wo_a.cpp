@@ -206,4 +206,66 @@ TEST(AmdSimWoA, BmmEdgeCodesAndNanScales) {
   }
 }
 
+// The quantizer's other forms: group sizes 32 and 64, scale rows with padding (the non-flat scale store), a
+// bf16 cos / sin table with int64 positions, inputs that are not 16-byte aligned (the element-wise path).
+TEST(AmdSimWoA, InverseRopeGroupQuantOtherForms) {
+  Random random(36);
+  constexpr int64_t kTokens = 5, kHeads = 2, kPositions = 16;
+  const std::vector<uint16_t> o = random.bf16(kTokens * kHeads * 512 + 8, 2.0f);
+  std::vector<uint16_t> cos_sin_bf16(kPositions * 64);
+  const std::vector<float> cos_sin = rope_table(kPositions);
+  for (size_t i = 0; i < cos_sin.size(); ++i) cos_sin_bf16[i] = dsv4::float_to_bf16_bits(cos_sin[i]);
+  const std::vector<int64_t> positions = {3, 0, 15, 99, -1};
+  for (int64_t group_size : {32, 64}) {
+    for (int64_t shift : {0, 1}) {  // elements of o (and bytes of x) off the allocation's 16-byte alignment
+      const int64_t groups = 2, d = kHeads * 512 / groups, blocks = d / group_size, pad = 3;
+      std::vector<uint8_t> x_got(kTokens * kHeads * 512 + 16, 0xAA), x_want = x_got;
+      std::vector<uint8_t> s_got(kTokens * groups * (blocks + pad), 0xAA), s_want = s_got;
+      dsv4::InverseRopeGroupQuantArgs args{o.data() + shift,
+                                           {cos_sin_bf16.data(), true, kPositions, positions.data(), true},
+                                           true, x_got.data() + shift, s_got.data(), groups * (blocks + pad),
+                                           blocks + pad, kTokens, kHeads, groups, group_size,
+                                           chip_format(), chip_quant_max()};
+      ASSERT_EQ(dsv4::gpu::launch_inverse_rope_group_quant(args, nullptr), dsv4::LaunchStatus::kOk);
+      args.x_fp8 = x_want.data() + shift;
+      args.x_scale = s_want.data();
+      dsv4::cpu::inverse_rope_group_quant(args, 0, kTokens);
+      EXPECT_TRUE(same_bytes(x_got, x_want)) << "group size " << group_size << " shift " << shift;
+      EXPECT_TRUE(same_bytes(s_got, s_want)) << "group size " << group_size << " shift " << shift;
+    }
+  }
+}
+
+// Output rows and groups at padded strides (the op writes only [m, groups, n] inside them).
+TEST(AmdSimWoA, BmmStridedOutput) {
+  Random random(37);
+  const Fp8Format f = chip_format();
+  for (int64_t m : {7, 300}) {
+    Problem p(random, m, 2, 256, 256, f, f, false, 0, true);
+    const int64_t stride_g = 256 + 8, stride_m = 2 * stride_g + 16;
+    std::vector<float> got(m * stride_m, -5.0f), want = got;
+    dsv4::BmmA8W8MxScaleArgs args = p.args(got.data());
+    args.out_stride_m = stride_m;
+    args.out_stride_g = stride_g;
+    ASSERT_EQ(dsv4::gpu::launch_bmm_a8w8_mxscale(args, nullptr), dsv4::LaunchStatus::kOk);
+    args.out = want.data();
+    dsv4::cpu::bmm_a8w8_mxscale(args, 0, m);
+    const std::vector<double> magnitude = p.magnitudes();
+    for (int64_t i = 0; i < m; ++i) {
+      for (int64_t g = 0; g < 2; ++g) {
+        for (int64_t j = 0; j < stride_g; ++j) {
+          const int64_t at = i * stride_m + g * stride_g + j;
+          if (j >= 256) {
+            ASSERT_EQ(got[at], -5.0f) << "m " << m << ": wrote outside the output rows at " << at;
+            continue;
+          }
+          ASSERT_LE(std::fabs(got[at] - want[at]), 1e-5 * magnitude[(i * 2 + g) * 256 + j] + 1e-30)
+              << "m " << m << " element " << at << " got " << got[at] << " want " << want[at];
+        }
+      }
+      for (int64_t at = i * stride_m + 2 * stride_g; at < (i + 1) * stride_m; ++at) ASSERT_EQ(got[at], -5.0f);
+    }
+  }
+}
+
 }  // namespace
