@@ -65,8 +65,6 @@ struct Block {
   Index3 index;
   int live = 0;
   int arrived = 0;
-  int count = 0;  // the predicate count of the barrier being gathered
-  int last_count = 0;
   uint64_t generation = 0;
 };
 
@@ -135,8 +133,6 @@ void release_full_rounds(Wave& wave) {
 
 void release_block() {
   g_block.arrived = 0;
-  g_block.last_count = g_block.count;
-  g_block.count = 0;
   ++g_block.generation;
 }
 
@@ -182,7 +178,6 @@ void thread_entry() {
 void run_block() {
   g_block.live = g_grid.threads;
   g_block.arrived = 0;
-  g_block.count = 0;
   const int waves = (g_grid.threads + kWaveSize - 1) / kWaveSize;
   for (int w = 0; w < waves; ++w) {
     for (Round& round : g_waves[w].rounds) round = Round{};
@@ -233,9 +228,8 @@ const Index3& grid_dim() { return g_grid.grid; }
 int lane_id() { return g_current->linear % kWaveSize; }
 void* dynamic_shared_memory() { return shared_base(); }
 
-int sync_block_count(int predicate) {
+void sync_block() {
   Thread& self = *g_current;
-  g_block.count += predicate != 0;
   self.wait = Wait::kBarrier;
   self.wait_generation = g_block.generation;
   if (++g_block.arrived == g_block.live) {
@@ -244,10 +238,7 @@ int sync_block_count(int predicate) {
     while (blocked(self)) yield();
   }
   self.wait = Wait::kNone;
-  return g_block.last_count;
 }
-
-void sync_block() { sync_block_count(0); }
 
 __attribute__((noinline)) const void* call_site() { return __builtin_return_address(0); }
 

@@ -38,8 +38,6 @@ inline constexpr size_t kSharedAlignment = 1024;
 void* dynamic_shared_memory();
 
 void sync_block();
-// __syncthreads_and / _or / _count: a barrier that also reduces one predicate over the block.
-int sync_block_count(int predicate);
 
 // A wave operation over the caller's aligned group of `width` lanes (a power of two <= kWaveSize): deposits
 // `bytes` bytes (at most kSlotBytes) for the calling lane and waits for the group's other live lanes to do

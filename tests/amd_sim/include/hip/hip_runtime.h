@@ -61,13 +61,6 @@ struct dim3 {
 
 // ---- block and wave operations ------------------------------------------------------------------
 inline void __syncthreads() { ::dsv4_sim::sync_block(); }
-inline int __syncthreads_count(int predicate) { return ::dsv4_sim::sync_block_count(predicate != 0); }
-inline int __syncthreads_and(int predicate) {
-  return ::dsv4_sim::sync_block_count(predicate != 0) ==
-         static_cast<int>(::dsv4_sim::block_dim().x * ::dsv4_sim::block_dim().y * ::dsv4_sim::block_dim().z);
-}
-inline int __syncthreads_or(int predicate) { return ::dsv4_sim::sync_block_count(predicate != 0) > 0; }
-inline unsigned __lane_id() { return static_cast<unsigned>(::dsv4_sim::lane_id()); }
 
 namespace dsv4_sim {
 // The value of lane `source` of the caller's last wave operation, as T.
@@ -99,14 +92,6 @@ DSV4_SIM_WAVE_OPERATION T __shfl_xor(T var, int lane_mask, int width = warpSize)
   ::dsv4_sim::wave_exchange(&var, sizeof(T), width, ::dsv4_sim::call_site());
   return ::dsv4_sim::read_lane<T>(source);
 }
-template <typename T>
-DSV4_SIM_WAVE_OPERATION T __shfl_down(T var, unsigned delta, int width = warpSize) {
-  const int self = ::dsv4_sim::lane_id();
-  int source = self + static_cast<int>(delta);
-  if ((source & ~(width - 1)) != (self & ~(width - 1))) source = self;  // past the group's end
-  ::dsv4_sim::wave_exchange(&var, sizeof(T), width, ::dsv4_sim::call_site());
-  return ::dsv4_sim::read_lane<T>(source);
-}
 DSV4_SIM_WAVE_OPERATION unsigned long long __ballot(int predicate) {
   const int mine = predicate != 0;
   ::dsv4_sim::wave_exchange(&mine, sizeof mine, warpSize, ::dsv4_sim::call_site());
@@ -117,14 +102,6 @@ DSV4_SIM_WAVE_OPERATION unsigned long long __ballot(int predicate) {
   return mask;
 }
 DSV4_SIM_WAVE_OPERATION int __any(int predicate) { return __ballot(predicate) != 0; }
-DSV4_SIM_WAVE_OPERATION int __all(int predicate) {
-  const int mine = predicate != 0;
-  ::dsv4_sim::wave_exchange(&mine, sizeof mine, warpSize, ::dsv4_sim::call_site());
-  for (int lane = 0; lane < warpSize; ++lane) {
-    if (::dsv4_sim::taken_part(lane) && !::dsv4_sim::read_lane<int>(lane)) return 0;
-  }
-  return 1;
-}
 
 // ---- atomics (the block's threads never run at the same time) ------------------------------------
 template <typename T>
@@ -133,26 +110,9 @@ T atomicAdd(T* address, T value) {
   *address = old + value;
   return old;
 }
-template <typename T>
-T atomicMax(T* address, T value) {
-  const T old = *address;
-  *address = old < value ? value : old;
-  return old;
-}
-template <typename T>
-T atomicMin(T* address, T value) {
-  const T old = *address;
-  *address = value < old ? value : old;
-  return old;
-}
-inline void __threadfence() {}
-inline void __threadfence_block() {}
 
 // ---- integer and float intrinsics ----------------------------------------------------------------
-inline int __popc(unsigned x) { return __builtin_popcount(x); }
 inline int __popcll(unsigned long long x) { return __builtin_popcountll(x); }
-inline int __clz(int x) { return x == 0 ? 32 : __builtin_clz(static_cast<unsigned>(x)); }
-inline int __ffs(int x) { return __builtin_ffs(x); }
 // Byte i of the result is byte (selector >> 4i) & 7 of the 8-byte value {b, a} (a in bytes 0-3).
 inline unsigned __byte_perm(unsigned a, unsigned b, unsigned selector) {
   const uint64_t both = (static_cast<uint64_t>(b) << 32) | a;
