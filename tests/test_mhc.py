@@ -209,11 +209,16 @@ def check_fused_post_pre(device, t, hidden, post_mult, seed, strength=1.0):
     torch.testing.assert_close(fused[1].cpu(), want_post, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(fused[2].cpu(), want_comb, rtol=0, atol=1e-5)
     assert_bf16_close(fused[3], want_input, collapse_magnitude(new_residual))
-    # The documented contract: the same bits as our post followed by our pre.
+    # The documented contract: the new residual bit for bit as our post makes it, and the mixes and layer_input
+    # as our pre makes them from it -- bit for bit where the fused op runs the two kernels (the CPU, NVIDIA); on
+    # AMD its dot products run inside one kernel with post, in another order of their fp32 sums (within the
+    # tolerances checked above).
     ours = torch.ops.dsv4.mhc_post(*args[:4])
     unfused = (ours,) + tuple(torch.ops.dsv4.mhc_pre(ours, *args[4:], EPS, EPS, EPS, post_mult, 20, None, EPS))
-    for got, want_bits in zip(fused, unfused):
-        assert_bits_equal(got.cpu(), want_bits.cpu())
+    assert_bits_equal(fused[0].cpu(), unfused[0].cpu())
+    if not (device == "cuda" and torch.version.hip is not None):
+        for got, want_bits in zip(fused[1:], unfused[1:]):
+            assert_bits_equal(got.cpu(), want_bits.cpu())
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -116,49 +116,72 @@ TEST(AmdSimMhc, HeadWithAndWithoutNorm) {
   }
 }
 
-TEST(AmdSimMhc, PostAndFusedPostPre) {
+TEST(AmdSimMhc, Post) {
   Random random(54);
   constexpr int64_t kTokens = 9, kHidden = 256;
-  const PreInputs pre_in(random, kTokens, kHidden, dsv4::mhc::kPreMixes);
   const std::vector<uint16_t> x = random.bf16(kTokens * kHidden);
   const std::vector<uint16_t> residual = random.bf16(kTokens * kStreams * kHidden);
-  std::vector<float> post_mix = random.floats(kTokens * kStreams), comb_mix(kTokens * 16);
+  const std::vector<float> post_mix = random.floats(kTokens * kStreams);
+  std::vector<float> comb_mix(kTokens * 16);
   for (auto& c : comb_mix) c = random.uniform(0.0f, 0.5f);
   std::vector<uint16_t> got(kTokens * kStreams * kHidden), want(got.size());
   dsv4::MhcPostArgs post{x.data(), residual.data(), post_mix.data(), comb_mix.data(), got.data(), kTokens, kHidden};
   ASSERT_EQ(dsv4::gpu::launch_mhc_post(post, nullptr), dsv4::LaunchStatus::kOk);
   post.out = want.data();
   dsv4::cpu::mhc_post(post, 0, kTokens);
-  EXPECT_TRUE(bf16_within_ulps(got, want, 1));
+  EXPECT_TRUE(same_bytes(got, want));  // the same fp32 expression per value (mhc::post_value), one rounding
+}
 
-  // Fused: post, then pre on its output, against the CPU's post then pre.
-  std::vector<uint16_t> fused_residual(got.size());
-  PreOutputs fused{std::vector<float>(kTokens * kStreams), std::vector<float>(kTokens * 16),
-                   std::vector<uint16_t>(kTokens * kHidden)};
-  post.out = fused_residual.data();
+// mhc_fused_post_pre against the CPU's post, then pre on post's output: post's output byte for byte, pre's
+// outputs as in check_pre. Through each launch form of the pre kernels.
+void check_fused(Random& random, int64_t tokens, int64_t hidden) {
+  const PreInputs pre_in(random, tokens, hidden, dsv4::mhc::kPreMixes);
+  const std::vector<uint16_t> x = random.bf16(tokens * hidden);
+  const std::vector<uint16_t> residual = random.bf16(tokens * kStreams * hidden);
+  const std::vector<float> post_mix = random.floats(tokens * kStreams);
+  std::vector<float> comb_mix(tokens * 16);
+  for (auto& c : comb_mix) c = random.uniform(0.0f, 0.5f);
+  std::vector<uint16_t> new_residual(tokens * kStreams * hidden, 0x7777), want_residual(new_residual.size());
+  dsv4::MhcPostArgs post{x.data(), residual.data(), post_mix.data(), comb_mix.data(), new_residual.data(), tokens,
+                         hidden};
+  PreOutputs fused{std::vector<float>(tokens * kStreams), std::vector<float>(tokens * 16),
+                   std::vector<uint16_t>(tokens * hidden)};
   dsv4::MhcPreArgs pre{};
-  pre.residual = fused_residual.data();
+  pre.residual = new_residual.data();
   pre.fn = pre_in.fn.data();
   pre.scale = pre_in.scale.data();
   pre.base = pre_in.base.data();
   pre.post_mix = fused.post.data();
   pre.comb_mix = fused.comb.data();
   pre.out = fused.out.data();
-  pre.tokens = kTokens;
-  pre.hidden = kHidden;
+  pre.tokens = tokens;
+  pre.hidden = hidden;
   pre.mixes = dsv4::mhc::kPreMixes;
   pre.config = dsv4::mhc::PreConfig{1e-6f, 1e-6f, 1e-6f, 2.0f, 20};
-  std::vector<float> workspace(dsv4::gpu::mhc_pre_workspace_floats(kTokens, kHidden, pre.mixes));
+  std::vector<float> workspace(dsv4::gpu::mhc_pre_workspace_floats(tokens, hidden, pre.mixes));
   pre.partials = workspace.data();
-  pre.k_splits = dsv4::gpu::mhc_pre_k_splits(kTokens, kHidden, pre.mixes);
+  pre.k_splits = dsv4::gpu::mhc_pre_k_splits(tokens, hidden, pre.mixes);
   ASSERT_EQ(dsv4::gpu::launch_mhc_fused_post_pre(post, pre, nullptr), dsv4::LaunchStatus::kOk);
-  EXPECT_TRUE(bf16_within_ulps(fused_residual, want, 1));
+
+  post.out = want_residual.data();
+  dsv4::cpu::mhc_post(post, 0, tokens);
+  const std::string what = "tokens " + std::to_string(tokens) + " hidden " + std::to_string(hidden) + " k splits " +
+                           std::to_string(pre.k_splits);
+  EXPECT_TRUE(same_bytes(new_residual, want_residual)) << what;
   PreInputs cpu_in = pre_in;
-  cpu_in.residual = fused_residual;  // the pre step on the same bf16 residual
+  cpu_in.residual = want_residual;
   const PreOutputs cpu = run_pre(cpu_in, false, false);
-  EXPECT_TRUE(close_floats(fused.post, cpu.post, 1e-5, 1e-5));
-  EXPECT_TRUE(close_floats(fused.comb, cpu.comb, 1e-5, 0.0));
-  expect_layer_input_close(cpu_in, fused.out, cpu.out, false, "fused");
+  EXPECT_TRUE(close_floats(fused.post, cpu.post, 1e-5, 1e-5)) << what;
+  EXPECT_TRUE(close_floats(fused.comb, cpu.comb, 1e-5, 0.0)) << what;
+  expect_layer_input_close(cpu_in, fused.out, cpu.out, false, "fused " + what);
+}
+
+TEST(AmdSimMhc, FusedPostPre) {
+  Random random(56);
+  check_fused(random, 9, 256);    // one block per token's epilogue and collapse, fn split by the dots blocks
+  check_fused(random, 3, 2048);   // many k slices: the 32-lane epilogue
+  check_fused(random, 130, 128);  // separate epilogue and collapse
+  check_fused(random, 300, 128);  // fn split once, by its own kernel
 }
 
 // The DSv4 sizes at decode: Flash (hidden 4096) and Pro (hidden 7168).

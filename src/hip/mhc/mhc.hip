@@ -1,6 +1,7 @@
 // mHC kernels (spec/mhc.md): mhc_pre and hc_head as three kernels (dot products, per-token epilogue,
 // collapse), after a fourth that splits fn for many tokens, and as two for a few tokens (the epilogue and
-// the collapse of a token in one block); mhc_post as one streaming kernel. The numerics of the epilogue
+// the collapse of a token in one block); mhc_post as one streaming kernel; mhc_fused_post_pre, on AMD, as
+// pre with post made inside its dot-product kernel (dots_block's kFusePost). The numerics of the epilogue
 // are dsv4/mhc.h, shared with the CPU path.
 //
 // Dot products on the matrix units (mhc_tile_mma.h): a warp takes one or two 16-token tiles, a block 4
@@ -27,6 +28,8 @@
 // residual slices (3 x 32 KB: one loading, one in its dots, one waiting for its epilogue), adding the slices'
 // sums through distributed shared memory. At hidden 7168 the fn slice alone is 168 KB, which leaves room for
 // one residual slice: no overlap.
+#include <type_traits>
+
 #include "dsv4/bf16.h"
 #include "dsv4/launch.h"
 #include "mhc_launchers.h"
@@ -115,6 +118,17 @@ struct FnChunk {
     const int m = f / kVectorsPerColumn;
     if (m >= kMixes) return make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     return *reinterpret_cast<const float4*>(fn + m * count + k0 + 4 * (f % kVectorsPerColumn));
+  }
+
+  // The same for chunk `chunk` of the stream-interleaved order of the fused post + pre dots: dims
+  // [16 chunk, + 16) of each stream, run r holding stream r.
+  static DSV4_DEVICE float4 load_by_stream(const float* fn, int64_t count, int64_t chunk, int f) {
+    const int m = f / kVectorsPerColumn;
+    if (m >= kMixes) return make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    const int k = 4 * (f % kVectorsPerColumn);
+    const int64_t stream = k / tile::kRunLength;
+    const int64_t column = stream * (count / mhc::kHcMult) + chunk * tile::kRunLength + k % tile::kRunLength;
+    return *reinterpret_cast<const float4*>(fn + m * count + column);
   }
 
   DSV4_DEVICE void store(int f, const float4& value) {
@@ -221,8 +235,9 @@ DSV4_DEVICE ChunkSlice chunk_slice(int64_t chunks, int k_splits) {
   return {chunks * blockIdx.y / k_splits, chunks * (blockIdx.y + 1) / k_splits};
 }
 
-// fn split once for every block: the chunks' FnChunk images in chunk order.
-template <int kMixes>
+// fn split once for every block: the chunks' FnChunk images in chunk order (kByStream: the fused dots'
+// stream-interleaved chunks).
+template <int kMixes, bool kByStream = false>
 __global__ void __launch_bounds__(kThreads) mhc_split_fn_kernel(const float* fn, int64_t count, FnChunk<kMixes>* chunks) {
   using Chunk = FnChunk<kMixes>;
   static_assert(sizeof(Chunk) <= split_chunk_bytes_bound(kMixes), "the host sizes the workspace by this bound");
@@ -231,7 +246,11 @@ __global__ void __launch_bounds__(kThreads) mhc_split_fn_kernel(const float* fn,
   for (int64_t index = global_thread_index(); index < vectors; index += global_thread_count()) {
     const IndexSplit split = divide_index(index, Chunk::kVectors);
     const int f = static_cast<int>(split.remainder);
-    chunks[split.quotient].store(f, Chunk::load(fn, count, split.quotient * tile::kChunk, f));
+    if constexpr (kByStream) {
+      chunks[split.quotient].store(f, Chunk::load_by_stream(fn, count, split.quotient, f));
+    } else {
+      chunks[split.quotient].store(f, Chunk::load(fn, count, split.quotient * tile::kChunk, f));
+    }
   }
 }
 
@@ -242,10 +261,23 @@ DSV4_DEVICE float4 bits_float4(const uint4& v) {
   return make_float4(bits_float(v.x), bits_float(v.y), bits_float(v.z), bits_float(v.w));
 }
 
-// kPresplit: the chunks come split from mhc_split_fn_kernel (split_fn); otherwise the block splits them.
-template <int kMixes, bool kPresplit, int kDotsTilesPerWarp>
-__global__ void __launch_bounds__(kDotsWarps * kWarpSize) mhc_dots_kernel(MhcPreArgs args, const FnChunk<kMixes>* split_fn) {
+// x and the old residual at one row's dims of a chunk, for the fused post: x's 16 values, then the 4
+// streams' (two 16-byte halves each).
+struct PostInputs {
+  uint4 x[2];
+  uint4 streams[mhc::kHcMult][2];
+};
+
+// The dots kernels' block. kPresplit: the chunks come split from mhc_split_fn_kernel (split_fn); otherwise
+// the block splits them. kFusePost (mhc_fused_post_pre): the A values are post's output, made here from x
+// and the old residual with mhc_post's arithmetic (rounded to bf16 the same way) and stored to post.out
+// (= args.residual) on the way; chunk c then holds dims [16 c, + 16) of every stream, run r stream r
+// (FnChunk::load_by_stream), so that a lane makes its run from x and the four old streams at those dims.
+// The op then reads x and the old residual once, where post followed by pre also reads post's output back.
+template <int kMixes, bool kPresplit, int kDotsTilesPerWarp, bool kFusePost>
+DSV4_DEVICE void dots_block(const MhcPreArgs& args, const FnChunk<kMixes>* split_fn, const MhcPostArgs& post) {
   static_assert(dots_block_tokens(kDotsTilesPerWarp) == kDotsWarps * kDotsTilesPerWarp * tile::kRows, "16-row tiles");
+  static_assert(!kFusePost || kMixes == mhc::kPreMixes, "post fuses with pre only");
   using Chunk = FnChunk<kMixes>;
   constexpr int kBlockThreads = kDotsWarps * kWarpSize;
   __shared__ Chunk fn_chunks[2];
@@ -280,6 +312,23 @@ __global__ void __launch_bounds__(kDotsWarps * kWarpSize) mhc_dots_kernel(MhcPre
 #pragma unroll
     for (int i = 0; i < tile::kRowsPerLane; ++i) squares[m][i] = 0.0f;
   }
+  // kFusePost: each row's post weight and comb column for the lane's stream (run r makes stream r).
+  float post_weight[kDotsTilesPerWarp][tile::kRowsPerLane];
+  float comb_column[kDotsTilesPerWarp][tile::kRowsPerLane][mhc::kHcMult];
+  if constexpr (kFusePost) {
+#pragma unroll
+    for (int m = 0; m < kDotsTilesPerWarp; ++m) {
+#pragma unroll
+      for (int i = 0; i < tile::kRowsPerLane; ++i) {
+        const int64_t token = valid[m][i] ? warp_token + m * tile::kRows + tile::a_row(lane, i) : 0;
+        post_weight[m][i] = post.post_mix[token * mhc::kHcMult + run];
+#pragma unroll
+        for (int s = 0; s < mhc::kHcMult; ++s) {
+          comb_column[m][i][s] = post.comb_mix[(token * mhc::kHcMult + s) * mhc::kHcMult + run];
+        }
+      }
+    }
+  }
 
   // A thread's share of one chunk: 16-byte pieces of its split image, or float4s of fn to split.
   constexpr int kPieces = kPresplit ? Chunk::kUint4s : Chunk::kVectors;
@@ -292,6 +341,8 @@ __global__ void __launch_bounds__(kDotsWarps * kWarpSize) mhc_dots_kernel(MhcPre
       if (f < kPieces) {
         if constexpr (kPresplit) {
           staged[s] = reinterpret_cast<const uint4*>(split_fn + slice.first + step)[f];
+        } else if constexpr (kFusePost) {
+          staged[s] = float4_bits(Chunk::load_by_stream(args.fn, count, slice.first + step, f));
         } else {
           staged[s] = float4_bits(Chunk::load(args.fn, count, k_of(step), f));
         }
@@ -310,6 +361,75 @@ __global__ void __launch_bounds__(kDotsWarps * kWarpSize) mhc_dots_kernel(MhcPre
           a_runs[m][i][1] = src[1];
         } else {
           a_runs[m][i][0] = a_runs[m][i][1] = make_uint4(0u, 0u, 0u, 0u);
+        }
+      }
+    }
+  };
+  // What a step's A values come from, loaded a step ahead: the runs themselves, or (kFusePost) post's inputs.
+  using Pending = std::conditional_t<kFusePost, PostInputs[kDotsTilesPerWarp][tile::kRowsPerLane], Runs>;
+  const auto load_pending = [&](int64_t step, Pending& pending) {
+    if constexpr (kFusePost) {
+      const int64_t d0 = (slice.first + step) * tile::kRunLength;
+#pragma unroll
+      for (int m = 0; m < kDotsTilesPerWarp; ++m) {
+#pragma unroll
+        for (int i = 0; i < tile::kRowsPerLane; ++i) {
+          PostInputs& in = pending[m][i];
+          if (valid[m][i]) {
+            const int64_t token = warp_token + m * tile::kRows + tile::a_row(lane, i);
+            const uint4* x = reinterpret_cast<const uint4*>(post.x + token * args.hidden + d0);
+            in.x[0] = x[0];
+            in.x[1] = x[1];
+#pragma unroll
+            for (int s = 0; s < mhc::kHcMult; ++s) {
+              const uint4* stream =
+                  reinterpret_cast<const uint4*>(post.residual + (token * mhc::kHcMult + s) * args.hidden + d0);
+              in.streams[s][0] = stream[0];
+              in.streams[s][1] = stream[1];
+            }
+          } else {
+            in = PostInputs{};
+          }
+        }
+      }
+    } else {
+      load_a(k_of(step), pending);
+    }
+  };
+  // A step's runs from what was loaded for it; kFusePost: post's values, also stored to post.out.
+  const auto take_runs = [&](int64_t step, const Pending& pending, Runs& a_runs) {
+#pragma unroll
+    for (int m = 0; m < kDotsTilesPerWarp; ++m) {
+#pragma unroll
+      for (int i = 0; i < tile::kRowsPerLane; ++i) {
+        if constexpr (kFusePost) {
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            float x[8];
+            float streams[mhc::kHcMult][8];
+            unpack_bf16x8(pending[m][i].x[h], x);
+#pragma unroll
+            for (int s = 0; s < mhc::kHcMult; ++s) unpack_bf16x8(pending[m][i].streams[s][h], streams[s]);
+            float values[8];
+#pragma unroll
+            for (int d = 0; d < 8; ++d) {
+              float sources[mhc::kHcMult];
+#pragma unroll
+              for (int s = 0; s < mhc::kHcMult; ++s) sources[s] = streams[s][d];
+              values[d] = mhc::post_value(post_weight[m][i], x[d], comb_column[m][i], sources);
+            }
+            a_runs[m][i][h] = pack_bf16x8(values);
+          }
+          if (valid[m][i]) {
+            const int64_t token = warp_token + m * tile::kRows + tile::a_row(lane, i);
+            uint4* out = reinterpret_cast<uint4*>(post.out + (token * mhc::kHcMult + run) * args.hidden +
+                                                  (slice.first + step) * tile::kRunLength);
+            out[0] = a_runs[m][i][0];
+            out[1] = a_runs[m][i][1];
+          }
+        } else {
+          a_runs[m][i][0] = pending[m][i][0];
+          a_runs[m][i][1] = pending[m][i][1];
         }
       }
     }
@@ -337,33 +457,26 @@ __global__ void __launch_bounds__(kDotsWarps * kWarpSize) mhc_dots_kernel(MhcPre
   // 247.2, 413.1 against 36.7, 171.6, 286.0). The L1 that the ring's shared memory (42 / 66 KB a block) takes
   // away explains only part of that: this path with the L1 at its smallest (carve-out preference 100% shared)
   // was 7-10% slower (36.0 -> 38.4, 170.2 -> 184.7, 279.9 -> 307.0 us).
-  Runs next_runs;
+  Pending next_runs;
   // Launched to overlap the kernel before it. With kPresplit that is the fn split, which released this
   // kernel at its start: the residual, complete before the split began, loads before the wait for the split
   // chunks. Otherwise it may be the residual's writer (chained decode): nothing is read before its end.
-  if (kPresplit && steps > 0) load_a(k_of(0), next_runs);
+  if (kPresplit && steps > 0) load_pending(0, next_runs);
   wait_for_previous_kernel();
   release_dependents();
   if (steps > 0) {
     stage(0);
-    if (!kPresplit) load_a(k_of(0), next_runs);
+    if (!kPresplit) load_pending(0, next_runs);
     store_staged(fn_chunks[0]);
     __syncthreads();
   }
   for (int64_t step = 0; step < steps; ++step) {
     Runs a_runs;
-#pragma unroll
-    for (int m = 0; m < kDotsTilesPerWarp; ++m) {
-#pragma unroll
-      for (int i = 0; i < tile::kRowsPerLane; ++i) {
-        a_runs[m][i][0] = next_runs[m][i][0];
-        a_runs[m][i][1] = next_runs[m][i][1];
-      }
-    }
+    take_runs(step, next_runs, a_runs);
     const bool more = step + 1 < steps;
     if (more) {
       stage(step + 1);
-      load_a(k_of(step + 1), next_runs);
+      load_pending(step + 1, next_runs);
     }
 #pragma unroll
     for (int m = 0; m < kDotsTilesPerWarp; ++m) {
@@ -377,6 +490,18 @@ __global__ void __launch_bounds__(kDotsWarps * kWarpSize) mhc_dots_kernel(MhcPre
   for (int m = 0; m < kDotsTilesPerWarp; ++m) {
     write_partials<kMixes>(args, blockIdx.y, warp_token + m * tile::kRows, lane, acc[m], squares[m]);
   }
+}
+
+template <int kMixes, bool kPresplit, int kDotsTilesPerWarp>
+__global__ void __launch_bounds__(kDotsWarps * kWarpSize) mhc_dots_kernel(MhcPreArgs args, const FnChunk<kMixes>* split_fn) {
+  dots_block<kMixes, kPresplit, kDotsTilesPerWarp, false>(args, split_fn, MhcPostArgs{});
+}
+
+// The dots of mhc_fused_post_pre, post's output made and stored on the way (dots_block's kFusePost).
+template <bool kPresplit, int kDotsTilesPerWarp>
+__global__ void __launch_bounds__(kDotsWarps * kWarpSize)
+    mhc_fused_dots_kernel(MhcPreArgs args, const FnChunk<mhc::kPreMixes>* split_fn, MhcPostArgs post) {
+  dots_block<mhc::kPreMixes, kPresplit, kDotsTilesPerWarp, true>(args, split_fn, post);
 }
 
 // sums[index] for a runtime index, without dynamic indexing (which would move sums to local memory).
@@ -672,36 +797,74 @@ PreWorkspaceLayout pre_workspace_layout(int64_t tokens, int64_t hidden, int mixe
   return layout;
 }
 
-// The dot products (after splitting fn, where that pays), the epilogue, then the collapse.
+// Where mhc_fused_post_pre runs post inside the dots kernel (mhc_fused_dots_kernel): on AMD. NVIDIA runs
+// post, then pre, until the fused kernel has been measured on the H200; before it may serve there, its
+// two-tile form must stop spilling (255 registers with CUDA 13.0: two rows of A a lane, each with five
+// 32-byte loads in flight) and the one-kernel epilogue and collapse must stop loading the residual ahead
+// of its wait (with programmatic launch the fused dots kernel is that residual's writer).
+#if defined(__HIPCC__)
+constexpr bool kFusedPostPre = true;
+#else
+constexpr bool kFusedPostPre = false;
+#endif
+
+// The dot products (after splitting fn, where that pays), the epilogue, then the collapse. With `post`
+// (mhc_fused_post_pre), the dots kernel makes post's output (args.residual) from post's inputs.
 template <int kMixes>
-void launch_pre_kernels(const MhcPreArgs& args, hipStream_t stream) {
+void launch_pre_kernels(const MhcPreArgs& args, hipStream_t stream, const MhcPostArgs* post = nullptr) {
   const PreWorkspaceLayout layout = pre_workspace_layout(args.tokens, args.hidden, kMixes);
   const int64_t count = mhc::kHcMult * args.hidden;
   const dim3 dots_grid(static_cast<unsigned>(token_blocks(args.tokens)), static_cast<unsigned>(args.k_splits));
   const dim3 dots_block(kDotsWarps * kHostWarpSize);
+  // The dots kernel: the plain one, or with `post` the fused one (pre's 24 mixes only).
+  const auto launch_dots = [&](auto presplit, auto tiles, const FnChunk<kMixes>* chunks, bool overlapping) {
+    constexpr bool kPresplit = decltype(presplit)::value;
+    constexpr int kTiles = decltype(tiles)::value;
+    if constexpr (kFusedPostPre && kMixes == mhc::kPreMixes) {
+      if (post != nullptr) {
+        launch_overlapping(mhc_fused_dots_kernel<kPresplit, kTiles>, dots_grid, dots_block, 0, stream, args, chunks,
+                           *post);
+        return;
+      }
+    }
+    if (overlapping) {
+      launch_overlapping(mhc_dots_kernel<kMixes, kPresplit, kTiles>, dots_grid, dots_block, 0, stream, args, chunks);
+    } else {
+      hipLaunchKernelGGL((mhc_dots_kernel<kMixes, kPresplit, kTiles>), dots_grid, dots_block, 0, stream, args, chunks);
+    }
+  };
+  using Presplit = std::true_type;
+  using Unsplit = std::false_type;
+  using OneTile = std::integral_constant<int, 1>;
+  using TwoTiles = std::integral_constant<int, 2>;
   if (presplit_fn(args.tokens)) {
     auto* split_fn = reinterpret_cast<FnChunk<kMixes>*>(args.partials + layout.split_fn);
     // A grid-stride loop: the vector count here need only be about right (FnChunk's tile width is a
     // device-pass constant).
     const int64_t vectors = count / tile::kChunk * split_chunk_bytes_bound(kMixes) / (kSplitPlanes * 2 * 4);
-    hipLaunchKernelGGL((mhc_split_fn_kernel<kMixes>), dim3(elementwise_blocks(vectors)), dim3(kThreads), 0, stream,
-                       args.fn, count, split_fn);
+    bool by_stream = false;  // the fused dots' stream-interleaved chunks
+    if constexpr (kFusedPostPre && kMixes == mhc::kPreMixes) {
+      if (post != nullptr) {
+        hipLaunchKernelGGL((mhc_split_fn_kernel<kMixes, true>), dim3(elementwise_blocks(vectors)), dim3(kThreads), 0,
+                           stream, args.fn, count, split_fn);
+        by_stream = true;
+      }
+    }
+    if (!by_stream) {
+      hipLaunchKernelGGL((mhc_split_fn_kernel<kMixes>), dim3(elementwise_blocks(vectors)), dim3(kThreads), 0, stream,
+                         args.fn, count, split_fn);
+    }
     // Overlapping the split, whose run the dots blocks' first residual loads then overlap.
     const auto* chunks = static_cast<const FnChunk<kMixes>*>(split_fn);
     if (dots_tiles_per_warp(args.tokens) == 2) {
-      launch_overlapping(mhc_dots_kernel<kMixes, true, 2>, dots_grid, dots_block, 0, stream, args, chunks);
+      launch_dots(Presplit{}, TwoTiles{}, chunks, true);
     } else {
-      launch_overlapping(mhc_dots_kernel<kMixes, true, 1>, dots_grid, dots_block, 0, stream, args, chunks);
+      launch_dots(Presplit{}, OneTile{}, chunks, true);
     }
   } else {
     // One tile per warp: two start past the presplit threshold, so token_blocks() counted one-tile blocks.
     static_assert(kTwoTileMinTokens / dots_block_tokens(2) >= kPresplitMinTokenBlocks, "two tiles only presplit");
-    const auto* no_split_fn = static_cast<const FnChunk<kMixes>*>(nullptr);
-    if (args.tokens <= kChainedMaxTokens) {
-      launch_overlapping(mhc_dots_kernel<kMixes, false, 1>, dots_grid, dots_block, 0, stream, args, no_split_fn);
-    } else {
-      hipLaunchKernelGGL((mhc_dots_kernel<kMixes, false, 1>), dots_grid, dots_block, 0, stream, args, no_split_fn);
-    }
+    launch_dots(Unsplit{}, OneTile{}, nullptr, args.tokens <= kChainedMaxTokens);
   }
   if (args.tokens <= merged_epilogue_max_tokens(kMixes)) {
     const dim3 grid(static_cast<unsigned>(args.tokens));
@@ -804,6 +967,10 @@ LaunchStatus launch_mhc_fused_post_pre(const MhcPostArgs& post, const MhcPreArgs
   if (!chained || !valid_post(post) || !valid_pre(pre)) return LaunchStatus::kInvalidArgument;
   if (pre.tokens == 0) return LaunchStatus::kOk;
   auto hip_stream = static_cast<hipStream_t>(stream);
+  if constexpr (kFusedPostPre) {  // post made inside the dots kernel: x and the old residual read once
+    launch_pre_kernels<mhc::kPreMixes>(pre, hip_stream, &post);
+    return last_launch_status();
+  }
   launch_post_kernel(post, hip_stream);
   const LaunchStatus status = last_launch_status();
   if (status != LaunchStatus::kOk) return status;

@@ -47,8 +47,9 @@ int mhc_pre_k_splits(int64_t tokens, int64_t hidden, int mixes);
 int64_t mhc_pre_workspace_floats(int64_t tokens, int64_t hidden, int mixes);
 LaunchStatus launch_mhc_pre(const MhcPreArgs& args, void* stream);
 LaunchStatus launch_mhc_post(const MhcPostArgs& args, void* stream);
-// post, then pre on its output (pre.residual must be post.out, pre.mixes 24), the kernels chained so that
-// each may start while the one before finishes (where the GPU can).
+// post, then pre on its output (pre.residual must be post.out, pre.mixes 24). AMD: post made inside pre's
+// dot-product kernel (post.out bit for bit as launch_mhc_post writes it; pre's fp32 sums in another order).
+// NVIDIA: the two, the kernels chained so that each may start while the one before finishes.
 LaunchStatus launch_mhc_fused_post_pre(const MhcPostArgs& post, const MhcPreArgs& pre, void* stream);
 
 }  // namespace gpu
