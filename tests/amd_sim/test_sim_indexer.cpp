@@ -182,6 +182,17 @@ TEST(AmdSimIndexer, TopkPerRowMatchesCpu) {
   }
 }
 
+// -inf and the untouched fill (3.0) exactly where want has them, the other values within 1e-3.
+void expect_placed(const std::vector<float>& got, const std::vector<float>& want, const char* what) {
+  for (size_t i = 0; i < got.size(); ++i) {
+    if (std::isinf(want[i]) || want[i] == 3.0f) {
+      ASSERT_EQ(got[i], want[i]) << what << " element " << i;
+    } else {
+      ASSERT_NEAR(got[i], want[i], 1e-3 * std::fabs(want[i]) + 1e-3) << what << " element " << i;
+    }
+  }
+}
+
 // Padded q and logits rows, the paged form with per-row lengths and without the mask, top-k without starts.
 // What these check is where values go: a misplaced row, column or scale changes a value wholesale, far past
 // the 1e-3 allowed here (itself far past the sums' rounding differences, which the tests above bound).
@@ -199,13 +210,7 @@ TEST(AmdSimIndexer, OtherLayouts) {
     ASSERT_EQ(dsv4::gpu::launch_fp8_mqa_logits(args, nullptr), dsv4::LaunchStatus::kOk);
     args.logits = want.data();
     dsv4::cpu::fp8_mqa_logits(args, 0, kM);
-    for (size_t i = 0; i < got.size(); ++i) {
-      if (std::isinf(want[i]) || want[i] == 3.0f) {
-        ASSERT_EQ(got[i], want[i]) << "prefill element " << i;
-      } else {
-        ASSERT_NEAR(got[i], want[i], 1e-3 * std::fabs(want[i]) + 1e-3) << "prefill element " << i;
-      }
-    }
+    expect_placed(got, want, "prefill");
   }
   {
     constexpr int64_t kHeads = 16, kDim = 64, kBlock = 32, kMaxLen = 100;
@@ -229,13 +234,7 @@ TEST(AmdSimIndexer, OtherLayouts) {
     ASSERT_EQ(dsv4::gpu::launch_fp8_paged_mqa_logits(args, nullptr), dsv4::LaunchStatus::kOk);
     args.logits = want.data();
     dsv4::cpu::fp8_paged_mqa_logits(args, 0, 4);
-    for (size_t i = 0; i < got.size(); ++i) {
-      if (std::isinf(want[i]) || want[i] == 3.0f) {
-        ASSERT_EQ(got[i], want[i]) << "paged element " << i;
-      } else {
-        ASSERT_NEAR(got[i], want[i], 1e-3 * std::fabs(want[i]) + 1e-3) << "paged element " << i;
-      }
-    }
+    expect_placed(got, want, "paged");
   }
   {
     constexpr int64_t kRows = 3, kCols = 500, kRowStride = 530, kK = 40;
