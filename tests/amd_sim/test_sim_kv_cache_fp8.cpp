@@ -104,6 +104,36 @@ TEST(AmdSimFp8, Ue8m0Conversions) {
   EXPECT_TRUE(same_bytes(refusal_got, refusal_want));
 }
 
+// fp32 multipliers and fp32 output, blocks that do not divide the rows and columns; UE8M0 scale bytes
+// through the FN -> FNUZ conversion.
+TEST(AmdSimFp8, BlockDequantizeFp32FormsAndPartialBlocks) {
+  Random random(13);
+  const dsv4::BlockScaleGeometry geometry{1, 200, 300, 128, 128, 2, 3};
+  std::vector<uint8_t> x(geometry.numel());
+  for (auto& c : x) c = random.byte();
+  std::vector<float> scale = random.floats(2 * 3);
+  for (Fp8Format format : kFormats) {
+    std::vector<float> got(x.size()), want(x.size());
+    ASSERT_EQ(dsv4::gpu::launch_fp8_block_dequantize(x.data(), scale.data(), dsv4::ScaleKind::kFloat32, got.data(),
+                                                     dsv4::FloatKind::kFloat32, geometry, format, nullptr),
+              dsv4::LaunchStatus::kOk);
+    dsv4::cpu::fp8_block_dequantize(x.data(), scale.data(), dsv4::ScaleKind::kFloat32, want.data(),
+                                    dsv4::FloatKind::kFloat32, geometry, format, 0, geometry.flat_rows());
+    EXPECT_TRUE(same_bytes(got, want)) << "format " << static_cast<int>(format);
+  }
+  std::vector<uint8_t> weight(1000), scale_bytes(256);
+  for (size_t i = 0; i < weight.size(); ++i) weight[i] = static_cast<uint8_t>(i * 7);
+  for (int i = 0; i < 256; ++i) scale_bytes[i] = static_cast<uint8_t>(i);
+  std::vector<uint8_t> got = weight, want = weight, got_scale = scale_bytes, want_scale = scale_bytes;
+  ASSERT_EQ(dsv4::gpu::launch_e4m3fn_to_fnuz(got.data(), got.data(), got.size(), got_scale.data(), got_scale.data(),
+                                             dsv4::ScaleKind::kUe8m0, 256, nullptr),
+            dsv4::LaunchStatus::kOk);  // in place
+  dsv4::cpu::e4m3fn_to_fnuz_weight(want.data(), want.data(), 0, want.size());
+  dsv4::cpu::e4m3fn_to_fnuz_scale(want_scale.data(), want_scale.data(), dsv4::ScaleKind::kUe8m0, 0, 256);
+  EXPECT_TRUE(same_bytes(got, want));
+  EXPECT_TRUE(same_bytes(got_scale, want_scale));
+}
+
 // A cache of `blocks` blocks of `block_size` records with `pad` spare bytes after each block (canaries).
 struct Cache {
   std::vector<uint8_t> bytes;
