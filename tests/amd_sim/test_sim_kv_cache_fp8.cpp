@@ -49,35 +49,56 @@ TEST(AmdSimFp8, EncodeFp32Samples) {
   }
 }
 
-TEST(AmdSimFp8, BlockDequantizeAndFnToFnuz) {
-  Random random(12);
-  const dsv4::BlockScaleGeometry geometry{2, 256, 384, 128, 128, 2, 3};
+// block dequantize of random codes with `scale` (of `scale_kind`) into `Out` (bf16 bits or fp32), both
+// encodings, the modelled chip against the CPU.
+template <typename Out, typename Scale>
+void check_block_dequantize(Random& random, const dsv4::BlockScaleGeometry& geometry, const std::vector<Scale>& scale,
+                            dsv4::ScaleKind scale_kind) {
+  constexpr dsv4::FloatKind kOut = sizeof(Out) == 2 ? dsv4::FloatKind::kBFloat16 : dsv4::FloatKind::kFloat32;
   std::vector<uint8_t> x(geometry.numel());
-  for (auto& c : x) c = random.byte();
-  std::vector<uint8_t> scale(2 * 2 * 3);
-  for (auto& s : scale) s = static_cast<uint8_t>(random.integer(100, 140));
-  scale[3] = 255;  // NaN scale
+  for (auto& code : x) code = random.byte();
   for (Fp8Format format : kFormats) {
-    std::vector<uint16_t> got(x.size()), want(x.size());
-    ASSERT_EQ(dsv4::gpu::launch_fp8_block_dequantize(x.data(), scale.data(), dsv4::ScaleKind::kUe8m0, got.data(),
-                                                     dsv4::FloatKind::kBFloat16, geometry, format, nullptr),
+    std::vector<Out> got(x.size()), want(x.size());
+    ASSERT_EQ(dsv4::gpu::launch_fp8_block_dequantize(x.data(), scale.data(), scale_kind, got.data(), kOut, geometry,
+                                                     format, nullptr),
               dsv4::LaunchStatus::kOk);
-    dsv4::cpu::fp8_block_dequantize(x.data(), scale.data(), dsv4::ScaleKind::kUe8m0, want.data(),
-                                    dsv4::FloatKind::kBFloat16, geometry, format, 0, geometry.flat_rows());
-    EXPECT_TRUE(same_bytes(got, want));
+    dsv4::cpu::fp8_block_dequantize(x.data(), scale.data(), scale_kind, want.data(), kOut, geometry, format, 0,
+                                    geometry.flat_rows());
+    EXPECT_TRUE(same_bytes(got, want)) << "format " << static_cast<int>(format);
   }
-  std::vector<uint8_t> weight(1 << 12);
-  for (size_t i = 0; i < weight.size(); ++i) weight[i] = static_cast<uint8_t>(i);
-  std::vector<float> weight_scale = random.floats(16);
+}
+
+// FN -> FNUZ of `weight` and `scale` (of `scale_kind`), out of place or in place, against the CPU.
+template <typename Scale>
+void check_fn_to_fnuz(const std::vector<uint8_t>& weight, const std::vector<Scale>& scale, dsv4::ScaleKind scale_kind,
+                      bool in_place) {
   std::vector<uint8_t> got(weight.size()), want(weight.size());
-  std::vector<float> got_scale(16), want_scale(16);
-  ASSERT_EQ(dsv4::gpu::launch_e4m3fn_to_fnuz(weight.data(), got.data(), weight.size(), weight_scale.data(),
-                                             got_scale.data(), dsv4::ScaleKind::kFloat32, 16, nullptr),
+  std::vector<Scale> got_scale(scale.size()), want_scale(scale.size());
+  if (in_place) got = weight, got_scale = scale;
+  ASSERT_EQ(dsv4::gpu::launch_e4m3fn_to_fnuz(in_place ? got.data() : weight.data(), got.data(), weight.size(),
+                                             in_place ? got_scale.data() : scale.data(), got_scale.data(), scale_kind,
+                                             scale.size(), nullptr),
             dsv4::LaunchStatus::kOk);
   dsv4::cpu::e4m3fn_to_fnuz_weight(weight.data(), want.data(), 0, weight.size());
-  dsv4::cpu::e4m3fn_to_fnuz_scale(weight_scale.data(), want_scale.data(), dsv4::ScaleKind::kFloat32, 0, 16);
-  EXPECT_TRUE(same_bytes(got, want));
-  EXPECT_TRUE(same_bytes(got_scale, want_scale));
+  dsv4::cpu::e4m3fn_to_fnuz_scale(scale.data(), want_scale.data(), scale_kind, 0, scale.size());
+  EXPECT_TRUE(same_bytes(got, want)) << (in_place ? "in place" : "");
+  EXPECT_TRUE(same_bytes(got_scale, want_scale)) << (in_place ? "in place" : "");
+}
+
+// UE8M0 bytes (a NaN one among them) into bf16; fp32 multipliers into fp32 over blocks that do not divide the
+// rows and columns. FN -> FNUZ of every code, with fp32 scales, and in place with every UE8M0 byte.
+TEST(AmdSimFp8, BlockDequantizeAndFnToFnuz) {
+  Random random(12);
+  std::vector<uint8_t> scale_bytes(2 * 2 * 3);
+  for (auto& b : scale_bytes) b = static_cast<uint8_t>(random.integer(100, 140));
+  scale_bytes[3] = 255;
+  check_block_dequantize<uint16_t>(random, {2, 256, 384, 128, 128, 2, 3}, scale_bytes, dsv4::ScaleKind::kUe8m0);
+  check_block_dequantize<float>(random, {1, 200, 300, 128, 128, 2, 3}, random.floats(2 * 3), dsv4::ScaleKind::kFloat32);
+  std::vector<uint8_t> weight(1 << 12), every_byte(256);
+  for (size_t i = 0; i < weight.size(); ++i) weight[i] = static_cast<uint8_t>(i * 7);
+  for (int i = 0; i < 256; ++i) every_byte[i] = static_cast<uint8_t>(i);
+  check_fn_to_fnuz(weight, random.floats(16), dsv4::ScaleKind::kFloat32, false);
+  check_fn_to_fnuz(weight, every_byte, dsv4::ScaleKind::kUe8m0, true);
 }
 
 TEST(AmdSimFp8, Ue8m0Conversions) {
@@ -102,36 +123,6 @@ TEST(AmdSimFp8, Ue8m0Conversions) {
   dsv4::cpu::float_to_ue8m0_lossless(scales.data(), byte_want.data(), refusal_want.data(), 0, scales.size());
   EXPECT_TRUE(same_bytes(byte_got, byte_want));
   EXPECT_TRUE(same_bytes(refusal_got, refusal_want));
-}
-
-// fp32 multipliers and fp32 output, blocks that do not divide the rows and columns; UE8M0 scale bytes
-// through the FN -> FNUZ conversion.
-TEST(AmdSimFp8, BlockDequantizeFp32FormsAndPartialBlocks) {
-  Random random(13);
-  const dsv4::BlockScaleGeometry geometry{1, 200, 300, 128, 128, 2, 3};
-  std::vector<uint8_t> x(geometry.numel());
-  for (auto& c : x) c = random.byte();
-  std::vector<float> scale = random.floats(2 * 3);
-  for (Fp8Format format : kFormats) {
-    std::vector<float> got(x.size()), want(x.size());
-    ASSERT_EQ(dsv4::gpu::launch_fp8_block_dequantize(x.data(), scale.data(), dsv4::ScaleKind::kFloat32, got.data(),
-                                                     dsv4::FloatKind::kFloat32, geometry, format, nullptr),
-              dsv4::LaunchStatus::kOk);
-    dsv4::cpu::fp8_block_dequantize(x.data(), scale.data(), dsv4::ScaleKind::kFloat32, want.data(),
-                                    dsv4::FloatKind::kFloat32, geometry, format, 0, geometry.flat_rows());
-    EXPECT_TRUE(same_bytes(got, want)) << "format " << static_cast<int>(format);
-  }
-  std::vector<uint8_t> weight(1000), scale_bytes(256);
-  for (size_t i = 0; i < weight.size(); ++i) weight[i] = static_cast<uint8_t>(i * 7);
-  for (int i = 0; i < 256; ++i) scale_bytes[i] = static_cast<uint8_t>(i);
-  std::vector<uint8_t> got = weight, want = weight, got_scale = scale_bytes, want_scale = scale_bytes;
-  ASSERT_EQ(dsv4::gpu::launch_e4m3fn_to_fnuz(got.data(), got.data(), got.size(), got_scale.data(), got_scale.data(),
-                                             dsv4::ScaleKind::kUe8m0, 256, nullptr),
-            dsv4::LaunchStatus::kOk);  // in place
-  dsv4::cpu::e4m3fn_to_fnuz_weight(want.data(), want.data(), 0, want.size());
-  dsv4::cpu::e4m3fn_to_fnuz_scale(want_scale.data(), want_scale.data(), dsv4::ScaleKind::kUe8m0, 0, 256);
-  EXPECT_TRUE(same_bytes(got, want));
-  EXPECT_TRUE(same_bytes(got_scale, want_scale));
 }
 
 // A cache of `blocks` blocks of `block_size` records with `pad` spare bytes after each block (canaries).

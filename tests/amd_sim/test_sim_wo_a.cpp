@@ -3,6 +3,7 @@
 // of its AMD kernels (split-K for few rows, the tiled kernel, the element-wise one for unaligned rows, the
 // foreign-encoding forms) and, on gfx950, the block-scaled MFMA.
 #include <cmath>
+#include <initializer_list>
 
 #include "cpu/wo_a/wo_a_cpu.h"
 #include "sim_test_support.h"
@@ -171,39 +172,42 @@ TEST(AmdSimWoA, BmmBatchMajorAndUnalignedRows) {
   }
 }
 
-TEST(AmdSimWoA, BmmInEveryEncodingPair) {
-  Random random(34);
+// visit(x format, w format, m) for each pair of encodings and each of the `ms` (a few rows: the split-K
+// kernel; 300: the tiled one).
+template <typename Visit>
+void for_each_encoding_pair(std::initializer_list<int64_t> ms, Visit visit) {
   for (Fp8Format xf : {Fp8Format::kOCP, Fp8Format::kFNUZ}) {
     for (Fp8Format wf : {Fp8Format::kOCP, Fp8Format::kFNUZ}) {
-      for (int64_t m : {5, 300}) {
-        Problem p(random, m, 2, 256, 256, xf, wf, false, 0, true);
-        check_gemm(p, name(p));
-      }
+      for (int64_t m : ms) visit(xf, wf, m);
     }
   }
+}
+
+TEST(AmdSimWoA, BmmInEveryEncodingPair) {
+  Random random(34);
+  for_each_encoding_pair({5, 300}, [&](Fp8Format xf, Fp8Format wf, int64_t m) {
+    Problem p(random, m, 2, 256, 256, xf, wf, false, 0, true);
+    check_gemm(p, name(p));
+  });
 }
 
 // Codes that do not carry over between the encodings (FNUZ +-240 and NaN, OCP -0 and NaN), the largest
 // values, and a NaN scale byte: the same NaN rows, the same finite values.
 TEST(AmdSimWoA, BmmEdgeCodesAndNanScales) {
   Random random(35);
-  for (Fp8Format xf : {Fp8Format::kOCP, Fp8Format::kFNUZ}) {
-    for (Fp8Format wf : {Fp8Format::kOCP, Fp8Format::kFNUZ}) {
-      for (int64_t m : {3, 300}) {
-        Problem p(random, m, 1, 128, 256, xf, wf, false, 0, true);
-        const uint8_t x_max = xf == Fp8Format::kOCP ? 0x7E : 0x7F, w_max = wf == Fp8Format::kOCP ? 0x7E : 0x7F;
-        for (int64_t kk = 0; kk < 256; kk += 5) {
-          p.x[kk] = static_cast<uint8_t>(x_max | (kk % 2 ? 0x80 : 0));                  // row 0: +-largest
-          p.w[2 * 256 + kk] = static_cast<uint8_t>(w_max | (kk % 3 ? 0x80 : 0));        // column 2 likewise
-        }
-        if (xf == Fp8Format::kOCP) p.x[1 * p.x_stride_m + 7] = 0x80;  // row 1: OCP -0
-        if (wf == Fp8Format::kOCP) p.w[3 * 256 + 9] = 0x80;           // column 3: OCP -0
-        p.w[4 * 256 + 100] = wf == Fp8Format::kOCP ? 0x7F : 0x80;     // column 4: NaN
-        p.x_scale[2 * 2 + 1] = 255;                                  // row 2, second K block: NaN scale
-        check_gemm(p, "edge codes " + name(p));
-      }
+  for_each_encoding_pair({3, 300}, [&](Fp8Format xf, Fp8Format wf, int64_t m) {
+    Problem p(random, m, 1, 128, 256, xf, wf, false, 0, true);
+    const uint8_t x_max = xf == Fp8Format::kOCP ? 0x7E : 0x7F, w_max = wf == Fp8Format::kOCP ? 0x7E : 0x7F;
+    for (int64_t kk = 0; kk < 256; kk += 5) {
+      p.x[kk] = static_cast<uint8_t>(x_max | (kk % 2 ? 0x80 : 0));            // row 0: +-largest
+      p.w[2 * 256 + kk] = static_cast<uint8_t>(w_max | (kk % 3 ? 0x80 : 0));  // column 2 likewise
     }
-  }
+    if (xf == Fp8Format::kOCP) p.x[1 * p.x_stride_m + 7] = 0x80;  // row 1: OCP -0
+    if (wf == Fp8Format::kOCP) p.w[3 * 256 + 9] = 0x80;           // column 3: OCP -0
+    p.w[4 * 256 + 100] = wf == Fp8Format::kOCP ? 0x7F : 0x80;     // column 4: NaN
+    p.x_scale[2 * 2 + 1] = 255;                                  // row 2, second K block: NaN scale
+    check_gemm(p, "edge codes " + name(p));
+  });
 }
 
 // The quantizer's other forms: group sizes 32 and 64, scale rows with padding (the non-flat scale store), a

@@ -261,6 +261,19 @@ DSV4_DEVICE float4 bits_float4(const uint4& v) {
   return make_float4(bits_float(v.x), bits_float(v.y), bits_float(v.z), bits_float(v.w));
 }
 
+// Post's values of destination stream j at 8 dims (mhc::post_value per dim): post_j and comb column j, x and
+// the 4 source streams there.
+DSV4_DEVICE void post_values8(float post_j, const float (&x)[8], const float (&comb_column)[mhc::kHcMult],
+                              const float (&streams)[mhc::kHcMult][8], float (&values)[8]) {
+#pragma unroll
+  for (int d = 0; d < 8; ++d) {
+    float sources[mhc::kHcMult];
+#pragma unroll
+    for (int i = 0; i < mhc::kHcMult; ++i) sources[i] = streams[i][d];
+    values[d] = mhc::post_value(post_j, x[d], comb_column, sources);
+  }
+}
+
 // x and the old residual at one row's dims of a chunk, for the fused post: x's 16 values, then the 4
 // streams' (two 16-byte halves each).
 struct PostInputs {
@@ -411,13 +424,7 @@ DSV4_DEVICE void dots_block(const MhcPreArgs& args, const FnChunk<kMixes>* split
 #pragma unroll
             for (int s = 0; s < mhc::kHcMult; ++s) unpack_bf16x8(pending[m][i].streams[s][h], streams[s]);
             float values[8];
-#pragma unroll
-            for (int d = 0; d < 8; ++d) {
-              float sources[mhc::kHcMult];
-#pragma unroll
-              for (int s = 0; s < mhc::kHcMult; ++s) sources[s] = streams[s][d];
-              values[d] = mhc::post_value(post_weight[m][i], x[d], comb_column[m][i], sources);
-            }
+            post_values8(post_weight[m][i], x, comb_column[m][i], streams, values);
             a_runs[m][i][h] = pack_bf16x8(values);
           }
           if (valid[m][i]) {
@@ -493,7 +500,8 @@ DSV4_DEVICE void dots_block(const MhcPreArgs& args, const FnChunk<kMixes>* split
 }
 
 template <int kMixes, bool kPresplit, int kDotsTilesPerWarp>
-__global__ void __launch_bounds__(kDotsWarps * kWarpSize) mhc_dots_kernel(MhcPreArgs args, const FnChunk<kMixes>* split_fn) {
+__global__ void __launch_bounds__(kDotsWarps * kWarpSize)
+    mhc_dots_kernel(MhcPreArgs args, const FnChunk<kMixes>* split_fn) {
   dots_block<kMixes, kPresplit, kDotsTilesPerWarp, false>(args, split_fn, MhcPostArgs{});
 }
 
@@ -754,13 +762,7 @@ __global__ void __launch_bounds__(kThreads) mhc_post_kernel(MhcPostArgs args) {
 #pragma unroll
       for (int i = 0; i < kStreams; ++i) comb_column[i] = comb[i * kStreams + j_stream];
       float values[8];
-#pragma unroll
-      for (int d = 0; d < 8; ++d) {
-        float sources[kStreams];
-#pragma unroll
-        for (int i = 0; i < kStreams; ++i) sources[i] = streams[i][d];
-        values[d] = mhc::post_value(post[j_stream], x[d], comb_column, sources);
-      }
+      post_values8(post[j_stream], x, comb_column, streams, values);
       *reinterpret_cast<uint4*>(out + j_stream * args.hidden) = pack_bf16x8(values);
     }
   }
