@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # The test suite of a CPU machine (what CI runs after `bash tools/setup.sh --dev`):
 #   1. C++ numerics tests (gtest; the FP8 encoder on all 2^32 fp32 inputs unless DSV4OPS_EXHAUSTIVE=0), the
-#      gfx942/gfx950 kernel paths run on the CPU against the CPU kernels (tests/amd_sim), and the device-code
-#      checks: every kernel compiled for gfx942, gfx950 (clang) and sm_90a, sm_90, sm_89, sm_100a (nvcc), FP8
-#      convert instructions present, no scratch or spills -- all through CTest;
+#      gfx942/gfx950/sm_90a kernel paths run on the CPU against the CPU kernels (tests/device_model), the
+#      device-code checks: every kernel compiled for gfx942, gfx950 (clang) and sm_90a, sm_90, sm_89, sm_100a
+#      (nvcc), FP8 convert instructions present, no scratch or spills -- all through CTest;
 #   2. the kernels built for gfx942+gfx950 through CMake's HIP language, as on a ROCm machine;
 #   3. pytest against the working tree, built and installed first (GPU tests skip without a GPU).
 set -euo pipefail

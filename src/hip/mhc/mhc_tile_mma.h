@@ -10,6 +10,7 @@
 
 #include "dsv4/mfma.h"
 #include "dsv4/platform.h"
+#include "dsv4/ptx.h"
 
 #if DSV4_GPU_COMPILER
 namespace dsv4::gpu::tile {
@@ -62,11 +63,7 @@ DSV4_DEVICE void mma_step(float (&d)[kAccumulators], const uint32_t (&a)[kRowsPe
 #elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   // Fragment registers: a0 = row r, k {2t, 2t+1}; a1 = row r + 8; a2 = row r, k {2t+8, 2t+9}; a3 = row
   // r + 8. With runs, k {2t, 2t+1} is the step's first word and k {2t+8, 2t+9} its second.
-  asm(  // no side effects: the compiler may schedule it freely
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-      "{%0, %1, %2, %3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0][0]), "r"(a[1][0]), "r"(a[0][1]), "r"(a[1][1]), "r"(b[0]), "r"(b[1]));
+  ptx::mma_m16n8k16_bf16(d, {a[0][0], a[1][0], a[0][1], a[1][1]}, b);
 #elif DSV4_DEVICE_PASS
 #error "mhc_tile_mma.h: the mHC kernels need bf16 matrix instructions (NVIDIA sm_80 and later, CDNA gfx90a/gfx942/gfx950)"
 #else

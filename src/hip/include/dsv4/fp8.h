@@ -18,6 +18,7 @@
 #pragma once
 
 #include "dsv4/platform.h"
+#include "dsv4/ptx.h"
 
 namespace dsv4 {
 
@@ -124,12 +125,9 @@ DSV4_DEVICE uint8_t fp8_encode_amdgcn(float x) {
 #endif
 
 #if DSV4_DEVICE_PASS && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
-// cvt.rn.satfinite.e4m3x2.f32 packs two values; the second source lands in the low byte.
 DSV4_DEVICE uint8_t fp8_encode_ocp_ptx(float x) {
   if (x != x) return Fp8Traits<Fp8Format::kOCP>::kNaNCode;
-  uint16_t packed;
-  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(packed) : "f"(0.0f), "f"(x));
-  return static_cast<uint8_t>(packed & 0xffu);
+  return static_cast<uint8_t>(ptx::cvt_rn_satfinite_e4m3x2_f32(0.0f, x) & 0xffu);
 }
 #endif
 

@@ -8,6 +8,7 @@
 
 #include "dsv4/fp8.h"
 #include "dsv4/platform.h"
+#include "dsv4/ptx.h"
 
 namespace dsv4 {
 
@@ -37,10 +38,7 @@ DSV4_HD constexpr bool fp8x2_uses_hardware() {
 // instruction); it is declared in every NVIDIA pass, host included, because callers in sm_90a-only kernels
 // are parsed there too.
 DSV4_DEVICE void ocp_fp8x4_to_f16x4(uint32_t four_codes, uint32_t& first, uint32_t& second) {
-  asm("{\n .reg .b16 low, high;\n mov.b32 {low, high}, %2;\n cvt.rn.f16x2.e4m3x2 %0, low;\n"
-      " cvt.rn.f16x2.e4m3x2 %1, high;\n}"
-      : "=r"(first), "=r"(second)
-      : "r"(four_codes));
+  ptx::cvt_rn_f16x2_e4m3x2_halves(four_codes, first, second);
 }
 #endif
 
@@ -51,9 +49,7 @@ DSV4_DEVICE void ocp_fp8x4_to_f16x4(uint32_t four_codes, uint32_t& first, uint32
 template <Fp8Format F>
 DSV4_HD uint32_t fp8x2_convert(float lo, float hi) {
 #if defined(DSV4_FP8X2_NVIDIA)
-  uint16_t packed;  // the second source lands in the low byte
-  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(packed) : "f"(hi), "f"(lo));
-  return packed;
+  return ptx::cvt_rn_satfinite_e4m3x2_f32(hi, lo);
 #elif defined(DSV4_FP8X2_AMDGCN)
   using T = Fp8Traits<F>;
   const uint32_t packed = static_cast<uint32_t>(__builtin_amdgcn_cvt_pk_fp8_f32(lo, hi, 0, false));

@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "dsv4/platform.h"
+#include "dsv4/ptx.h"
 
 #if DSV4_GPU_COMPILER
 namespace dsv4 {
@@ -165,13 +166,13 @@ void launch_overlapping(void (*kernel)(Params...), dim3 grid, dim3 block, size_t
 
 DSV4_DEVICE void wait_for_previous_kernel() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.wait;" ::: "memory");
+  ptx::griddepcontrol_wait();
 #endif
 }
 
 DSV4_DEVICE void release_dependents() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+  ptx::griddepcontrol_launch_dependents();
 #endif
 }
 
@@ -180,22 +181,12 @@ DSV4_DEVICE void release_dependents() {
 // threads of the cluster's blocks (release/acquire: shared-memory writes before it are seen by every block
 // after it), and a float read from the shared memory of the cluster's block `rank` at the address that
 // `shared_address` (a shared-window address of this block) names there.
-DSV4_DEVICE uint32_t cluster_block_rank() {
-  uint32_t rank;
-  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(rank));
-  return rank;
-}
+DSV4_DEVICE uint32_t cluster_block_rank() { return ptx::cluster_ctarank(); }
 
-DSV4_DEVICE void cluster_barrier() {
-  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
-}
+DSV4_DEVICE void cluster_barrier() { ptx::barrier_cluster_arrive_wait(); }
 
 DSV4_DEVICE float load_cluster_shared_f32(uint32_t shared_address, uint32_t rank) {
-  uint32_t remote;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(shared_address), "r"(rank));
-  float value;
-  asm volatile("ld.shared::cluster.f32 %0, [%1];\n" : "=f"(value) : "r"(remote) : "memory");
-  return value;
+  return ptx::ld_shared_cluster_f32(shared_address, rank);
 }
 #endif
 

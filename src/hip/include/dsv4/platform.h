@@ -16,8 +16,10 @@ using hipError_t = cudaError_t;
 #define hipSuccess cudaSuccess
 #define hipGetLastError cudaGetLastError
 #define hipGetErrorString cudaGetErrorString
+#if !defined(hipLaunchKernelGGL)  // (a host model of the device defines its own)
 #define hipLaunchKernelGGL(kernel, grid, block, shmem, stream, ...) \
   kernel<<<(grid), (block), (shmem), (stream)>>>(__VA_ARGS__)
+#endif
 #else
 #define DSV4_GPU_COMPILER 0
 #endif

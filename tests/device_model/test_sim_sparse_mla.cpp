@@ -138,27 +138,27 @@ void check_decode(int64_t heads, int64_t tokens, Fp8Format main_format, bool wit
   }
 }
 
-TEST(AmdSimSparseMla, SwaOnlyAndWithCompressedCache) {
+TEST(ModelSparseMla, SwaOnlyAndWithCompressedCache) {
   for (Fp8Format main_format : {Fp8Format::kOCP, Fp8Format::kFNUZ}) {
     check_decode(16, 2, main_format, false, 1, false, 61);
     check_decode(16, 2, main_format, true, 0, false, 62);
   }
 }
 
-TEST(AmdSimSparseMla, HeadCountsSplitsAndInverseRope) {
+TEST(ModelSparseMla, HeadCountsSplitsAndInverseRope) {
   const Fp8Format chip = chip_format();
   check_decode(8, 3, chip, true, 3, false, 63);   // fewer heads than the tile
   check_decode(20, 1, chip, true, 0, true, 64);   // not a multiple of 16
   check_decode(64, 1, chip, true, 1, true, 65);
 }
 
-TEST(AmdSimSparseMla, PoisonedRecords) {
+TEST(ModelSparseMla, PoisonedRecords) {
   for (Fp8Format main_format : {Fp8Format::kOCP, Fp8Format::kFNUZ}) {
     check_decode(16, 2, main_format, true, 0, false, 66, true);
   }
 }
 
-TEST(AmdSimSparseMla, StridedRowsSmallBlocksInt32Positions) {
+TEST(ModelSparseMla, StridedRowsSmallBlocksInt32Positions) {
   check_decode(16, 2, chip_format(), true, 2, true, 67, false, true);
   check_decode(128, 1, chip_format(), true, 0, true, 68, false, true);  // DSv4-Pro at TP1
 }

@@ -1,5 +1,5 @@
-// The wave64 model itself: its matrix instructions against plain matrix products with the operand layouts
-// of AMD's matrix instruction tables, its conversion, barriers and wave exchanges. Also sets the chip the
+// The wave64 (CDNA) model itself: its matrix instructions against plain matrix products with the operand
+// layouts of AMD's matrix instruction tables, its conversion, barriers and wave exchanges. Also sets the chip the
 // program models (gfx942 or gfx950, from the build) before any test runs.
 #include <functional>
 

@@ -1,4 +1,4 @@
-// Shared helpers of the wave64-model tests: the chip being modelled, random inputs, comparisons.
+// Shared helpers of the device-model tests: the chip being modelled, random inputs, comparisons.
 #pragma once
 
 #include <gtest/gtest.h>

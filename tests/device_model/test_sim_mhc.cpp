@@ -97,26 +97,26 @@ void check_pre(Random& random, int64_t tokens, int64_t hidden, int mixes, bool w
   expect_layer_input_close(in, got.out, want.out, with_norm, what);
 }
 
-TEST(AmdSimMhc, PreFewTokensOneBlockPerToken) {
+TEST(ModelMhc, PreFewTokensOneBlockPerToken) {
   Random random(51);
   for (int64_t tokens : {1, 7, 70}) check_pre(random, tokens, 256, dsv4::mhc::kPreMixes, false);
   check_pre(random, 3, 2048, dsv4::mhc::kPreMixes, false);  // many k slices: the 32-lane epilogue
 }
 
-TEST(AmdSimMhc, PreSeparateKernelsAndSplitFn) {
+TEST(ModelMhc, PreSeparateKernelsAndSplitFn) {
   Random random(52);
   check_pre(random, 130, 128, dsv4::mhc::kPreMixes, false);  // separate epilogue and collapse
   check_pre(random, 300, 128, dsv4::mhc::kPreMixes, false);  // fn split by its own kernel
 }
 
-TEST(AmdSimMhc, HeadWithAndWithoutNorm) {
+TEST(ModelMhc, HeadWithAndWithoutNorm) {
   Random random(53);
   for (int64_t tokens : {5, 300}) {
     for (bool norm : {false, true}) check_pre(random, tokens, 256, dsv4::mhc::kHeadMixes, norm);
   }
 }
 
-TEST(AmdSimMhc, Post) {
+TEST(ModelMhc, Post) {
   Random random(54);
   constexpr int64_t kTokens = 9, kHidden = 256;
   const std::vector<uint16_t> x = random.bf16(kTokens * kHidden);
@@ -176,7 +176,7 @@ void check_fused(Random& random, int64_t tokens, int64_t hidden) {
   expect_layer_input_close(cpu_in, fused.out, cpu.out, false, "fused " + what);
 }
 
-TEST(AmdSimMhc, FusedPostPre) {
+TEST(ModelMhc, FusedPostPre) {
   Random random(56);
   check_fused(random, 9, 256);    // one block per token's epilogue and collapse, fn split by the dots blocks
   check_fused(random, 3, 2048);   // many k slices: the 32-lane epilogue
@@ -185,7 +185,7 @@ TEST(AmdSimMhc, FusedPostPre) {
 }
 
 // The DSv4 sizes at decode: Flash (hidden 4096) and Pro (hidden 7168).
-TEST(AmdSimMhc, PreAtModelSizes) {
+TEST(ModelMhc, PreAtModelSizes) {
   Random random(55);
   for (int64_t hidden : {4096, 7168}) check_pre(random, 2, hidden, dsv4::mhc::kPreMixes, false);
 }

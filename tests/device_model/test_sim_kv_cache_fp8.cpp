@@ -15,7 +15,7 @@ using dsv4::Fp8Format;
 constexpr Fp8Format kFormats[] = {Fp8Format::kOCP, Fp8Format::kFNUZ};
 float default_quant_max(Fp8Format format) { return format == Fp8Format::kOCP ? 448.0f : 224.0f; }
 
-TEST(AmdSimFp8, EncodeEveryBf16Pattern) {
+TEST(ModelFp8, EncodeEveryBf16Pattern) {
   std::vector<uint16_t> x(1 << 16);
   for (size_t i = 0; i < x.size(); ++i) x[i] = static_cast<uint16_t>(i);
   for (Fp8Format format : kFormats) {
@@ -30,7 +30,7 @@ TEST(AmdSimFp8, EncodeEveryBf16Pattern) {
   }
 }
 
-TEST(AmdSimFp8, EncodeFp32Samples) {
+TEST(ModelFp8, EncodeFp32Samples) {
   Random random(11);
   std::vector<float> x(1 << 15);
   for (auto& v : x) {
@@ -87,7 +87,7 @@ void check_fn_to_fnuz(const std::vector<uint8_t>& weight, const std::vector<Scal
 
 // UE8M0 bytes (a NaN one among them) into bf16; fp32 multipliers into fp32 over blocks that do not divide the
 // rows and columns. FN -> FNUZ of every code, with fp32 scales, and in place with every UE8M0 byte.
-TEST(AmdSimFp8, BlockDequantizeAndFnToFnuz) {
+TEST(ModelFp8, BlockDequantizeAndFnToFnuz) {
   Random random(12);
   std::vector<uint8_t> scale_bytes(2 * 2 * 3);
   for (auto& b : scale_bytes) b = static_cast<uint8_t>(random.integer(100, 140));
@@ -101,7 +101,7 @@ TEST(AmdSimFp8, BlockDequantizeAndFnToFnuz) {
   check_fn_to_fnuz(weight, every_byte, dsv4::ScaleKind::kUe8m0, true);
 }
 
-TEST(AmdSimFp8, Ue8m0Conversions) {
+TEST(ModelFp8, Ue8m0Conversions) {
   std::vector<uint8_t> bytes(256);
   for (int i = 0; i < 256; ++i) bytes[i] = static_cast<uint8_t>(i);
   std::vector<float> got(256), want(256);
@@ -149,7 +149,7 @@ std::vector<int64_t> adversarial_slots(Random& random, int64_t tokens, int64_t c
   return slots;
 }
 
-TEST(AmdSimKvCache, QuantizeAndInsertMatchesCpuBytes) {
+TEST(ModelKvCache, QuantizeAndInsertMatchesCpuBytes) {
   Random random(21);
   constexpr int64_t kTokens = 37;
   std::vector<uint16_t> k = random.bf16(kTokens * 512, 3.0f);
@@ -180,7 +180,7 @@ TEST(AmdSimKvCache, QuantizeAndInsertMatchesCpuBytes) {
 
 // The fused Q/KV op in each of its stores, and its KV-only form with the KV norm. The KV destination byte
 // for byte; Q within one bf16 ulp (FP8 Q within one code): the GPU sums a row's squares in another order.
-TEST(AmdSimKvCache, QnormRopeKvInsertMatchesCpu) {
+TEST(ModelKvCache, QnormRopeKvInsertMatchesCpu) {
   Random random(22);
   constexpr int64_t kTokens = 19, kHeads = 3, kPadded = 4, kPositions = 64;
   const std::vector<uint16_t> q = random.bf16(kTokens * kHeads * 512, 2.0f);
@@ -253,7 +253,7 @@ TEST(AmdSimKvCache, QnormRopeKvInsertMatchesCpu) {
   }
 }
 
-TEST(AmdSimKvCache, QnormRopeKvInsertRefusesTheKvNormOutsideRecords) {
+TEST(ModelKvCache, QnormRopeKvInsertRefusesTheKvNormOutsideRecords) {
   const std::vector<uint16_t> weight(512, 0x3f80);
   dsv4::QnormRopeKvInsertArgs args{};
   args.tokens = 1;
@@ -263,7 +263,7 @@ TEST(AmdSimKvCache, QnormRopeKvInsertRefusesTheKvNormOutsideRecords) {
   EXPECT_EQ(dsv4::gpu::launch_qnorm_rope_kv_insert(args, nullptr), dsv4::LaunchStatus::kInvalidArgument);
 }
 
-TEST(AmdSimKvCache, DequantizeAndGatherMatchesCpu) {
+TEST(ModelKvCache, DequantizeAndGatherMatchesCpu) {
   Random random(23);
   for (Fp8Format format : kFormats) {
     Cache cache(5, 16, 8);
@@ -288,7 +288,7 @@ TEST(AmdSimKvCache, DequantizeAndGatherMatchesCpu) {
 }
 
 // Q without its norm, written over q_in (no padding), from KV rows 1024 elements apart.
-TEST(AmdSimKvCache, QnormRopeKvInsertInPlaceWithoutQNorm) {
+TEST(ModelKvCache, QnormRopeKvInsertInPlaceWithoutQNorm) {
   Random random(24);
   constexpr int64_t kTokens = 6, kHeads = 2, kPositions = 16;
   const std::vector<uint16_t> q = random.bf16(kTokens * kHeads * 512, 2.0f);

@@ -1,80 +1,19 @@
 // The HIP names the kernels of src/hip/ use, for their gfx942 / gfx950 paths built as host code on the
-// wave64 model of ../../wave_sim.h. Only the kernels' translation units see it: they are compiled by
-// clang with __HIPCC__, __HIP_PLATFORM_AMD__, __AMDGCN__, __HIP_DEVICE_COMPILE__ and __gfx942__ or
-// __gfx950__ defined, so that every `#if` picks the AMD device code, and with this folder first on
-// the include path. Semantics follow HIP's (and, for the builtins, the ISA's), not CUDA's.
+// wave64 model of ../../wave_sim.h (DSV4_SIM_WAVE_SIZE=64). Only the kernels' translation units see it:
+// they are compiled by clang with __HIPCC__, __HIP_PLATFORM_AMD__, __AMDGCN__, __HIP_DEVICE_COMPILE__ and
+// __gfx942__ or __gfx950__ defined, so that every `#if` picks the AMD device code, and with this folder
+// first on the include path. Semantics follow HIP's (and, for the builtins, the ISA's), not CUDA's.
 #pragma once
 
-#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
-
-#include "../../wave_sim.h"
 
 #if !defined(__gfx942__) && !defined(__gfx950__)
 #error "define __gfx942__ or __gfx950__: the chip the kernels are built for"
 #endif
 
-// ---- qualifiers ---------------------------------------------------------------------------------
-#define __global__
-#define __device__
-#define __host__
-#define __forceinline__ inline __attribute__((always_inline))
-#define __noinline__ __attribute__((noinline))
-#define __launch_bounds__(...)
-#define __align__(n) __attribute__((aligned(n)))
-// Blocks run one at a time, each to its end: a static local is the block's shared variable.
-#define __shared__ static
-// `extern __shared__` arrays (see dsv4/platform.h): the block's dynamic shared memory.
-#define DSV4_DYNAMIC_SHARED(type, name, alignment) \
-  type* const name = static_cast<type*>(::dsv4_sim::dynamic_shared_memory())
-
-// ---- vector types -------------------------------------------------------------------------------
-struct alignas(16) uint4 {
-  uint32_t x, y, z, w;
-};
-struct alignas(8) uint2 {
-  uint32_t x, y;
-};
-struct alignas(16) float4 {
-  float x, y, z, w;
-};
-struct alignas(8) float2 {
-  float x, y;
-};
-inline uint4 make_uint4(uint32_t x, uint32_t y, uint32_t z, uint32_t w) { return {x, y, z, w}; }
-inline uint2 make_uint2(uint32_t x, uint32_t y) { return {x, y}; }
-inline float4 make_float4(float x, float y, float z, float w) { return {x, y, z, w}; }
-inline float2 make_float2(float x, float y) { return {x, y}; }
-
-struct dim3 {
-  uint32_t x, y, z;
-  constexpr dim3(uint32_t x_ = 1, uint32_t y_ = 1, uint32_t z_ = 1) : x(x_), y(y_), z(z_) {}
-};
-
-#define threadIdx (::dsv4_sim::thread_index())
-#define blockIdx (::dsv4_sim::block_index())
-#define blockDim (::dsv4_sim::block_dim())
-#define gridDim (::dsv4_sim::grid_dim())
-#define warpSize (::dsv4_sim::kWaveSize)
-
-// ---- block and wave operations ------------------------------------------------------------------
-inline void __syncthreads() { ::dsv4_sim::sync_block(); }
-
-namespace dsv4_sim {
-// The value of lane `source` of the caller's last wave operation, as T.
-template <typename T>
-T read_lane(int source) {
-  static_assert(sizeof(T) <= kSlotBytes, "wave operand too large");
-  T value;
-  std::memcpy(&value, deposit_of(source), sizeof(T));
-  return value;
-}
-}  // namespace dsv4_sim
-
-// Inlined into their callers, so that call_site() tells each place that calls one apart.
-#define DSV4_SIM_WAVE_OPERATION inline __attribute__((always_inline))
+#include "../../device_common.h"
 
 // HIP: lane (src & (width - 1)) of the caller's group of `width` lanes.
 template <typename T>
@@ -103,30 +42,6 @@ DSV4_SIM_WAVE_OPERATION unsigned long long __ballot(int predicate) {
 }
 DSV4_SIM_WAVE_OPERATION int __any(int predicate) { return __ballot(predicate) != 0; }
 
-// ---- atomics (the block's threads never run at the same time) ------------------------------------
-template <typename T>
-T atomicAdd(T* address, T value) {
-  const T old = *address;
-  *address = old + value;
-  return old;
-}
-
-// ---- integer and float intrinsics ----------------------------------------------------------------
-inline int __popcll(unsigned long long x) { return __builtin_popcountll(x); }
-// Byte i of the result is byte (selector >> 4i) & 7 of the 8-byte value {b, a} (a in bytes 0-3).
-inline unsigned __byte_perm(unsigned a, unsigned b, unsigned selector) {
-  const uint64_t both = (static_cast<uint64_t>(b) << 32) | a;
-  unsigned result = 0;
-  for (int i = 0; i < 4; ++i) {
-    result |= static_cast<unsigned>((both >> (8 * ((selector >> (4 * i)) & 7))) & 0xff) << (8 * i);
-  }
-  return result;
-}
-// The kernels build with -ffp-contract=off here, so these round like the device's _rn forms.
-inline float __fmul_rn(float a, float b) { return a * b; }
-inline float __fadd_rn(float a, float b) { return a + b; }
-inline float __frcp_rn(float a) { return 1.0f / a; }
-
 // ---- the runtime API the launchers call ----------------------------------------------------------
 using hipStream_t = struct dsv4_sim_stream*;
 enum hipError_t { hipSuccess = 0, hipErrorInvalidConfiguration = 9, hipErrorInvalidValue = 1 };
@@ -135,9 +50,13 @@ struct hipDeviceProp_t {
   char gcnArchName[256];
   int multiProcessorCount;
 };
-inline hipError_t hipGetLastError() { return static_cast<hipError_t>(::dsv4_sim::take_last_error()); }
+// The launchers' error query ends their launches: whatever the model held back runs first.
+inline hipError_t hipGetLastError() {
+  ::dsv4_sim::finish_launches();
+  return static_cast<hipError_t>(::dsv4_sim::take_last_error());
+}
 inline const char* hipGetErrorString(hipError_t error) {
-  return error == hipSuccess ? "no error" : "invalid launch configuration (wave64 model)";
+  return error == hipSuccess ? "no error" : "invalid launch configuration (device model)";
 }
 inline hipError_t hipGetDevice(int* device) {
   *device = 0;
@@ -161,21 +80,8 @@ hipError_t hipOccupancyMaxActiveBlocksPerMultiprocessor(int* blocks, Kernel, int
   return hipSuccess;
 }
 
-namespace dsv4_sim {
-template <typename Launch>
-void run_launch_body(void* context) {
-  (*static_cast<Launch*>(context))();
-}
-template <typename... Params, typename... Args>
-void launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t shared_bytes, const Args&... args) {
-  auto body = [kernel, args...]() { kernel(args...); };  // copies, as a launch's parameters are
-  run_grid({grid.x, grid.y, grid.z}, {block.x, block.y, block.z}, shared_bytes, &run_launch_body<decltype(body)>,
-           &body);
-}
-}  // namespace dsv4_sim
-
 #define hipLaunchKernelGGL(kernel, grid, block, shared_bytes, stream, ...) \
-  ((void)(stream), ::dsv4_sim::launch((kernel), dim3(grid), dim3(block), (shared_bytes), __VA_ARGS__))
+  ((void)(stream), ::dsv4_sim::launch_kernel((kernel), dim3(grid), dim3(block), (shared_bytes), false, __VA_ARGS__))
 
 // ---- the AMDGPU builtins the kernels use, on ../../wave_sim.h ------------------------------------
 namespace dsv4_sim {
@@ -184,14 +90,6 @@ inline constexpr Fp8Kind kChipFp8 = Fp8Kind::kFnuz;
 #else
 inline constexpr Fp8Kind kChipFp8 = Fp8Kind::kOcp;
 #endif
-
-template <typename To, typename From>
-To bits_as(const From& from) {
-  static_assert(sizeof(To) == sizeof(From), "same size");
-  To to;
-  std::memcpy(&to, &from, sizeof to);
-  return to;
-}
 
 typedef float Floatx4 __attribute__((ext_vector_type(4)));
 typedef uint32_t Words2 __attribute__((ext_vector_type(2)));

@@ -1,7 +1,7 @@
 // The lightning-indexer kernels on the modelled chip against the CPU implementations: the logits (the FP8
 // MFMA kernels for 16/32/64 heads of 64/128 dims, the scalar kernel otherwise; prefill and paged decode)
-// with the -inf mask bit-equal and the values within the error of an fp32 sum taken in another order;
-// the per-row top-k index for index.
+// with the -inf mask bit-equal and the values within the error of an fp32 sum taken in another order (the
+// top-k: test_sim_indexer_topk.cpp).
 #include <algorithm>
 #include <limits>
 
@@ -36,7 +36,7 @@ float indexer_value(uint8_t code, Fp8Format format) {
   return ::testing::AssertionSuccess();
 }
 
-TEST(AmdSimIndexer, MqaLogitsMatchCpu) {
+TEST(ModelIndexer, MqaLogitsMatchCpu) {
   Random random(41);
   constexpr int64_t kM = 23, kN = 150;
   struct Shape {
@@ -87,7 +87,7 @@ TEST(AmdSimIndexer, MqaLogitsMatchCpu) {
   }
 }
 
-TEST(AmdSimIndexer, PagedMqaLogitsMatchCpu) {
+TEST(ModelIndexer, PagedMqaLogitsMatchCpu) {
   Random random(42);
   constexpr int64_t kHeads = 64, kDim = 128, kBatch = 3, kBlocks = 9, kMaxLen = 200;
   for (int64_t block_size : {32, 64}) {
@@ -143,45 +143,6 @@ TEST(AmdSimIndexer, PagedMqaLogitsMatchCpu) {
   }
 }
 
-TEST(AmdSimIndexer, TopkPerRowMatchesCpu) {
-  Random random(43);
-  constexpr int64_t kRows = 7, kCols = 3000;
-  std::vector<float> logits = random.floats(kRows * kCols);
-  for (int64_t j = 0; j < kCols; j += 3) logits[1 * kCols + j] = 0.5f;  // row 1: many ties
-  for (int64_t j = 0; j < kCols; j += 7) logits[2 * kCols + j] = -std::numeric_limits<float>::infinity();
-  logits[2 * kCols + 11] = std::nanf("");
-  const std::vector<int32_t> starts = {0, 10, 100, 2990, 5, -4, 1500};
-  const std::vector<int32_t> ends = {3000, 2000, 2500, 3000, 5, 4000, 1530};  // an empty row; windows past cols
-  for (int64_t k : {1, 64, 512, 2048}) {
-    for (bool stable : {true, false}) {
-      std::vector<int32_t> got(kRows * k, 12345), want = got;
-      dsv4::TopkPerRowArgs args{logits.data(), kCols, kCols, starts.data(), ends.data(), got.data(), kRows, k, stable};
-      ASSERT_EQ(dsv4::gpu::launch_topk_per_row(args, nullptr), dsv4::LaunchStatus::kOk);
-      args.out = want.data();
-      dsv4::cpu::topk_per_row(args, 0, kRows);
-      for (int64_t r = 0; r < kRows; ++r) {
-        std::vector<int32_t> g(got.begin() + r * k, got.begin() + (r + 1) * k);
-        std::vector<int32_t> w(want.begin() + r * k, want.begin() + (r + 1) * k);
-        if (!stable) {  // any order; with ties at the k-th value, any of the tied indices
-          std::sort(g.begin(), g.end());
-          std::sort(w.begin(), w.end());
-          if (r == 1) {
-            // Row 1's k-th value is the tie 0.5 (or above): compare the values, not the indices.
-            std::vector<float> gv, wv;
-            for (int32_t i : g) gv.push_back(i < 0 ? -1.0f : logits[r * kCols + starts[r] + i]);
-            for (int32_t i : w) wv.push_back(i < 0 ? -1.0f : logits[r * kCols + starts[r] + i]);
-            std::sort(gv.begin(), gv.end());
-            std::sort(wv.begin(), wv.end());
-            EXPECT_EQ(gv, wv) << "row " << r << " k " << k;
-            continue;
-          }
-        }
-        EXPECT_EQ(g, w) << "row " << r << " k " << k << (stable ? " stable" : "");
-      }
-    }
-  }
-}
-
 // -inf and the untouched fill (3.0) exactly where want has them, the other values within 1e-3.
 void expect_placed(const std::vector<float>& got, const std::vector<float>& want, const char* what) {
   for (size_t i = 0; i < got.size(); ++i) {
@@ -193,10 +154,10 @@ void expect_placed(const std::vector<float>& got, const std::vector<float>& want
   }
 }
 
-// Padded q and logits rows, the paged form with per-row lengths and without the mask, top-k without starts.
+// Padded q and logits rows, the paged form with per-row lengths and without the mask.
 // What these check is where values go: a misplaced row, column or scale changes a value wholesale, far past
 // the 1e-3 allowed here (itself far past the sums' rounding differences, which the tests above bound).
-TEST(AmdSimIndexer, OtherLayouts) {
+TEST(ModelIndexer, OtherLayouts) {
   Random random(44);
   const Fp8Format f = chip_format();
   {
@@ -235,17 +196,6 @@ TEST(AmdSimIndexer, OtherLayouts) {
     args.logits = want.data();
     dsv4::cpu::fp8_paged_mqa_logits(args, 0, 4);
     expect_placed(got, want, "paged");
-  }
-  {
-    constexpr int64_t kRows = 3, kCols = 500, kRowStride = 530, kK = 40;
-    const std::vector<float> logits = random.floats(kRows * kRowStride);
-    const std::vector<int32_t> ends = {500, 20, 0};
-    std::vector<int32_t> got(kRows * kK), want(kRows * kK);
-    dsv4::TopkPerRowArgs args{logits.data(), kRowStride, kCols, nullptr, ends.data(), got.data(), kRows, kK, true};
-    ASSERT_EQ(dsv4::gpu::launch_topk_per_row(args, nullptr), dsv4::LaunchStatus::kOk);
-    args.out = want.data();
-    dsv4::cpu::topk_per_row(args, 0, kRows);
-    EXPECT_EQ(got, want);
   }
 }
 

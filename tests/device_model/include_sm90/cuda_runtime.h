@@ -1,0 +1,151 @@
+// The CUDA names the kernels of src/hip/ use, for their NVIDIA sm_90a paths built as host code on the
+// 32-lane model of ../wave_sim.h (DSV4_SIM_WAVE_SIZE=32). Only the kernels' translation units see it: they
+// are compiled by clang with __CUDACC__ and __CUDA_ARCH__=900 defined, so that every `#if` picks the NVIDIA
+// device code, and with this folder first on the include path (its dsv4/ptx.h stands in for the kernels'
+// PTX). Semantics follow CUDA's: a *_sync warp operation needs every lane of its mask, and only those.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ != 900
+#error "define __CUDA_ARCH__=900: the sm_90a paths are the ones modelled"
+#endif
+
+#include "../device_common.h"
+
+// ---- warp operations ------------------------------------------------------------------------------
+// Lane src_lane % width of the caller's group of `width` lanes.
+template <typename T>
+DSV4_SIM_WAVE_OPERATION T __shfl_sync(unsigned mask, T var, int src_lane, int width = warpSize) {
+  const int self = ::dsv4_sim::lane_id();
+  ::dsv4_sim::wave_exchange(&var, sizeof(T), warpSize, ::dsv4_sim::call_site());
+  ::dsv4_sim::require_exactly_lanes(mask);
+  return ::dsv4_sim::read_lane<T>((src_lane & (width - 1)) + (self & ~(width - 1)));
+}
+// Lane self ^ lane_mask, or the caller's own value where that lane is past the caller's group.
+template <typename T>
+DSV4_SIM_WAVE_OPERATION T __shfl_xor_sync(unsigned mask, T var, int lane_mask, int width = warpSize) {
+  const int self = ::dsv4_sim::lane_id();
+  int source = self ^ lane_mask;
+  if (source >= ((self + width) & ~(width - 1))) source = self;
+  ::dsv4_sim::wave_exchange(&var, sizeof(T), warpSize, ::dsv4_sim::call_site());
+  ::dsv4_sim::require_exactly_lanes(mask);
+  return ::dsv4_sim::read_lane<T>(source);
+}
+DSV4_SIM_WAVE_OPERATION void __syncwarp(unsigned mask = 0xffffffffu) {
+  const int none = 0;
+  ::dsv4_sim::wave_exchange(&none, sizeof none, warpSize, ::dsv4_sim::call_site());
+  ::dsv4_sim::require_exactly_lanes(mask);
+}
+
+// ---- loads and traps ------------------------------------------------------------------------------
+template <typename T>
+T __ldcg(const T* address) {
+  return *address;
+}
+[[noreturn]] inline void __trap() { ::dsv4_sim::model_error("__trap() in a kernel"); }
+
+// ---- the runtime API the launchers call ------------------------------------------------------------
+using cudaStream_t = struct dsv4_sim_stream*;
+enum cudaError_t { cudaSuccess = 0, cudaErrorInvalidValue = 1, cudaErrorInvalidConfiguration = 9 };
+enum cudaDeviceAttr { cudaDevAttrMultiProcessorCount = 16 };
+enum cudaFuncAttribute { cudaFuncAttributeMaxDynamicSharedMemorySize = 8 };
+
+// The launchers' error query ends their launches: whatever the model held back runs first.
+inline cudaError_t cudaGetLastError() {
+  ::dsv4_sim::finish_launches();
+  return static_cast<cudaError_t>(::dsv4_sim::take_last_error());
+}
+inline const char* cudaGetErrorString(cudaError_t error) {
+  return error == cudaSuccess ? "no error" : "invalid launch configuration (device model)";
+}
+inline cudaError_t cudaGetDevice(int* device) {
+  *device = 0;
+  return cudaSuccess;
+}
+inline cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attribute, int) {
+  if (attribute != cudaDevAttrMultiProcessorCount) return cudaErrorInvalidValue;
+  *value = ::dsv4_sim::chip().compute_units;
+  return cudaSuccess;
+}
+// Two blocks per multiprocessor, whatever the kernel: the grids sized by it stay small.
+template <typename Kernel>
+cudaError_t cudaOccupancyMaxActiveBlocksPerMultiprocessor(int* blocks, Kernel, int, size_t) {
+  *blocks = 2;
+  return cudaSuccess;
+}
+
+namespace dsv4_sim {
+// Dynamic shared memory past 48 KB needs the kernel's opt-in (cudaFuncSetAttribute), up to the chip's.
+inline constexpr size_t kSharedBytesWithoutOptIn = 48 * 1024;
+inline std::map<const void*, size_t>& shared_opt_ins() {
+  static std::map<const void*, size_t> opt_ins;
+  return opt_ins;
+}
+template <typename... Params, typename... Args>
+cudaError_t launch_checked(void (*kernel)(Params...), dim3 grid, dim3 block, size_t shared_bytes, bool overlapping,
+                           const Args&... args) {
+  const auto opt_in = shared_opt_ins().find(reinterpret_cast<const void*>(kernel));
+  const size_t allowed = opt_in == shared_opt_ins().end() ? kSharedBytesWithoutOptIn : opt_in->second;
+  if (shared_bytes > allowed) return cudaErrorInvalidValue;  // stays for the next error query, as the runtime's
+  return static_cast<cudaError_t>(launch_kernel(kernel, grid, block, shared_bytes, overlapping, args...));
+}
+}  // namespace dsv4_sim
+
+template <typename... Params>
+cudaError_t cudaFuncSetAttribute(void (*kernel)(Params...), cudaFuncAttribute attribute, int value) {
+  if (attribute != cudaFuncAttributeMaxDynamicSharedMemorySize || value < 0 ||
+      static_cast<size_t>(value) > ::dsv4_sim::chip().lds_bytes) {
+    return cudaErrorInvalidValue;
+  }
+  ::dsv4_sim::shared_opt_ins()[reinterpret_cast<const void*>(kernel)] = static_cast<size_t>(value);
+  return cudaSuccess;
+}
+
+enum cudaLaunchAttributeID {
+  cudaLaunchAttributeClusterDimension = 4,
+  cudaLaunchAttributeProgrammaticStreamSerialization = 5,
+};
+struct cudaLaunchAttributeValue {
+  struct {
+    unsigned x, y, z;
+  } clusterDim;
+  int programmaticStreamSerializationAllowed;
+};
+struct cudaLaunchAttribute {
+  cudaLaunchAttributeID id;
+  cudaLaunchAttributeValue val;
+};
+struct cudaLaunchConfig_t {
+  dim3 gridDim, blockDim;
+  size_t dynamicSmemBytes;
+  cudaStream_t stream;
+  cudaLaunchAttribute* attrs;
+  unsigned numAttrs;
+};
+
+// Programmatic dependent launch as wave_sim.h holds it back; thread block clusters are not modelled.
+template <typename... Params, typename... Args>
+cudaError_t cudaLaunchKernelEx(const cudaLaunchConfig_t* config, void (*kernel)(Params...), const Args&... args) {
+  bool overlapping = false;
+  for (unsigned i = 0; i < config->numAttrs; ++i) {
+    const cudaLaunchAttribute& attribute = config->attrs[i];
+    if (attribute.id == cudaLaunchAttributeProgrammaticStreamSerialization) {
+      overlapping = attribute.val.programmaticStreamSerializationAllowed != 0;
+    } else if (attribute.id == cudaLaunchAttributeClusterDimension) {
+      const auto& cluster = attribute.val.clusterDim;
+      if (cluster.x * cluster.y * cluster.z != 1) ::dsv4_sim::model_error("thread block clusters are not modelled");
+    }
+  }
+  return ::dsv4_sim::launch_checked(kernel, config->gridDim, config->blockDim, config->dynamicSmemBytes, overlapping,
+                                    args...);
+}
+
+// platform.h's HIP launch macro, which nvcc spells with <<< >>>.
+#define hipLaunchKernelGGL(kernel, grid, block, shared_bytes, stream, ...)                                  \
+  ((void)(stream), ::dsv4_sim::launch_checked((kernel), dim3(grid), dim3(block), (shared_bytes), false, \
+                                              __VA_ARGS__))

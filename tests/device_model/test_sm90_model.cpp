@@ -1,0 +1,118 @@
+// The 32-lane (NVIDIA sm_90a) model itself: mma.sync against a plain matrix product with the PTX ISA's
+// fragment layout, the conversions, the *_sync mask rule, and launches held back for programmatic dependent
+// launch. Also sets the chip the program models before any test runs.
+#include <functional>
+
+#include "sim_test_support.h"
+
+namespace {
+
+using namespace dsv4_sim_test;
+using dsv4_sim::Index3;
+
+// 227 KB of shared memory a block may opt in to, as on the H100 / H200; 32 multiprocessors, so that grids
+// sized to one wave of blocks stay small (and the mHC dot products still split K into 33 or more slices).
+const bool chip_is_set = [] {
+  dsv4_sim::set_chip(dsv4_sim::ChipModel{"sm_90a", 227 * 1024, 32});
+  return true;
+}();
+
+void run_block(int threads, const std::function<void()>& body) {
+  ASSERT_EQ(dsv4_sim::run_grid(Index3{1, 1, 1}, Index3{static_cast<uint32_t>(threads), 1, 1}, 0,
+                               [](void* context) { (*static_cast<const std::function<void()>*>(context))(); },
+                               const_cast<std::function<void()>*>(&body)),
+            0);
+}
+
+uint32_t pack_bf16(float lo, float hi) {
+  return dsv4::float_to_bf16_bits(lo) | (static_cast<uint32_t>(dsv4::float_to_bf16_bits(hi)) << 16);
+}
+
+TEST(WarpModel, MmaM16n8k16Bf16FollowsThePtxFragments) {
+  Random random(1);
+  std::vector<float> a(16 * 16), b(16 * 8), c(16 * 8), d(16 * 8, 0.0f);
+  for (auto& x : a) x = dsv4::bf16_bits_to_float(dsv4::float_to_bf16_bits(random.normal()));
+  for (auto& x : b) x = dsv4::bf16_bits_to_float(dsv4::float_to_bf16_bits(random.normal()));
+  for (auto& x : c) x = random.normal();
+  run_block(32, [&] {
+    const int lane = dsv4_sim::lane_id(), g = lane / 4, t = lane % 4;
+    const auto A = [&](int row, int k) { return a[row * 16 + k]; };
+    const auto B = [&](int k, int col) { return b[k * 8 + col]; };
+    const uint32_t a_regs[4] = {pack_bf16(A(g, 2 * t), A(g, 2 * t + 1)), pack_bf16(A(g + 8, 2 * t), A(g + 8, 2 * t + 1)),
+                                pack_bf16(A(g, 2 * t + 8), A(g, 2 * t + 9)),
+                                pack_bf16(A(g + 8, 2 * t + 8), A(g + 8, 2 * t + 9))};
+    const uint32_t b_regs[2] = {pack_bf16(B(2 * t, g), B(2 * t + 1, g)), pack_bf16(B(2 * t + 8, g), B(2 * t + 9, g))};
+    float acc[4] = {c[g * 8 + 2 * t], c[g * 8 + 2 * t + 1], c[(g + 8) * 8 + 2 * t], c[(g + 8) * 8 + 2 * t + 1]};
+    dsv4_sim::mma_m16n8k16_bf16(acc, a_regs, b_regs, nullptr);
+    d[g * 8 + 2 * t] = acc[0];
+    d[g * 8 + 2 * t + 1] = acc[1];
+    d[(g + 8) * 8 + 2 * t] = acc[2];
+    d[(g + 8) * 8 + 2 * t + 1] = acc[3];
+  });
+  for (int row = 0; row < 16; ++row) {
+    for (int col = 0; col < 8; ++col) {
+      double want = c[row * 8 + col];
+      for (int k = 0; k < 16; ++k) want += static_cast<double>(a[row * 16 + k]) * b[k * 8 + col];
+      EXPECT_NEAR(d[row * 8 + col], want, 1e-5 * (1.0 + std::fabs(want))) << row << ", " << col;
+    }
+  }
+}
+
+TEST(WarpModel, ConversionsSaturateAndDecodeExactly) {
+  // OCP e4m3: 1.0 = 0x38, 448 = 0x7E; past it (and infinity) saturates; NaN is 0x7F; -0 keeps its sign; the
+  // low source lands in bits 0..7.
+  EXPECT_EQ(dsv4_sim::cvt_rn_satfinite_e4m3x2_f32(448.0f, 1.0f), 0x7E38);
+  EXPECT_EQ(dsv4_sim::cvt_rn_satfinite_e4m3x2_f32(-INFINITY, 1000.0f), 0xFE7E);
+  EXPECT_EQ(dsv4_sim::cvt_rn_satfinite_e4m3x2_f32(NAN, -0.0f), 0x7F80);
+  // f16: 1.0 = 0x3C00, -448 = 0xDF00, 2^-9 (the smallest e4m3 subnormal) = 0x1800.
+  uint32_t first = 0, second = 0;
+  dsv4_sim::cvt_rn_f16x2_e4m3x2_halves(0x0180FE38u, first, second);
+  EXPECT_EQ(first, 0xDF003C00u);
+  EXPECT_EQ(second, 0x18008000u);
+}
+
+TEST(WarpModelDeathTest, ASyncShuffleNeedsEveryLaneOfItsMask) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_DEATH(run_block(32,
+                         [] {
+                           const int t = static_cast<int>(dsv4_sim::thread_index().x);
+                           if (t >= 16) return;  // exited lanes of a full mask
+                           dsv4_sim::wave_exchange(&t, sizeof t, 32, dsv4_sim::call_site());
+                           dsv4_sim::require_exactly_lanes(0xffffffffu);
+                         }),
+               "exactly the lanes of its mask");
+}
+
+// Stream order with programmatic dependent launch: the first launch is held back; the second, launched to
+// overlap it, runs first, and the held one runs when the second first waits -- so a read before the wait
+// sees the old contents, one after it the new.
+TEST(WarpModel, AnOverlappingLaunchRunsItsEarlyPartBeforeTheKernelBeforeIt) {
+  if (std::getenv("DSV4_MODEL_PDL_PHASE") != nullptr && std::getenv("DSV4_MODEL_PDL_PHASE")[0] == '1') {
+    GTEST_SKIP() << "phase 1 holds back the second launch; this test is about the first";
+  }
+  int value = 1, before_wait = 0, after_wait = 0;
+  static int order = 0;
+  const auto writer = [&] { value = 2; };
+  const auto reader = [&] {
+    if (dsv4_sim::thread_index().x != 0) return;
+    before_wait = value;
+    dsv4_sim::wait_for_previous_grid();
+    after_wait = value;
+  };
+  const Index3 one{1, 1, 1};
+  ASSERT_EQ(dsv4_sim::launch({one, one, 0, writer, &order, false}), 0);
+  EXPECT_EQ(value, 1);  // held back
+  ASSERT_EQ(dsv4_sim::launch({one, Index3{32, 1, 1}, 0, reader, &value, true}), 0);
+  dsv4_sim::finish_launches();
+  EXPECT_EQ(before_wait, 1);
+  EXPECT_EQ(after_wait, 2);
+  EXPECT_EQ(value, 2);
+  // A plain launch after a held one: the held one runs first.
+  value = 1;
+  ASSERT_EQ(dsv4_sim::launch({one, one, 0, writer, &order, false}), 0);
+  ASSERT_EQ(dsv4_sim::launch({one, Index3{32, 1, 1}, 0, reader, &value, false}), 0);
+  dsv4_sim::finish_launches();
+  EXPECT_EQ(before_wait, 2);
+}
+
+}  // namespace

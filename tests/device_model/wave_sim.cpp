@@ -1,0 +1,431 @@
+// The execution model of wave_sim.h: fibers (ucontext) for a block's threads, a round-robin scheduler that
+// switches only where a thread waits, and launches in stream order with overlapping ones held back.
+#include "wave_sim.h"
+
+#include <ucontext.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <optional>
+#include <utility>
+#include <vector>
+
+namespace dsv4_sim {
+namespace {
+
+constexpr size_t kStackBytes = 256 * 1024;
+constexpr int kMaxThreads = 1024;
+
+[[noreturn]] void fail(const char* what) { model_error(what); }
+
+enum class Wait { kNone, kBarrier, kExchange };
+
+// One pending run of a wave operation: the lanes of one aligned group that wait at one call site.
+struct Round {
+  const void* site = nullptr;
+  int group_first = 0;  // the group: lanes [group_first, group_first + width)
+  int width = 0;
+  uint64_t lanes = 0;    // the lanes that arrived
+  uint64_t parity = 0;   // the deposit buffer each of them used
+  bool open = false;
+};
+
+struct Thread {
+  ucontext_t context;
+  std::unique_ptr<unsigned char[]> stack;
+  Index3 index;
+  int linear = 0;
+  bool done = false;
+  Wait wait = Wait::kNone;
+  uint64_t wait_generation = 0;  // of the block, when it began to wait at the barrier
+  bool released = false;         // its wave operation ran
+  uint64_t exchanges = 0;        // wave operations it took part in: its next deposit buffer is exchanges % 2
+  uint64_t round_lanes = 0;      // the lanes and deposit buffers of its last wave operation
+  uint64_t round_parity = 0;
+};
+
+// A lane deposits into its own two buffers in turn. It can deposit again into the buffer of an earlier
+// run only after its next run was released, which needs every live lane of that run's group to have
+// arrived there or to wait elsewhere -- so each reader of the earlier run has already read it (a lane reads
+// its run's deposits as soon as it resumes, before it can wait again).
+struct Wave {
+  Round rounds[kWaveSize];  // at most one per lane
+  unsigned char deposits[kWaveSize][2][kSlotBytes];
+};
+
+struct Block {
+  Index3 index;
+  int live = 0;
+  int arrived = 0;
+  uint64_t generation = 0;
+};
+
+struct Grid {
+  Index3 grid{1, 1, 1};
+  Index3 block{1, 1, 1};
+  int threads = 0;
+  KernelBody body = nullptr;
+  void* context = nullptr;
+};
+
+// A grid being run: its threads' fibers, waves, block state and dynamic shared memory.
+struct GridRun {
+  Grid grid;
+  Block block;
+  std::vector<Thread> threads;
+  std::vector<Wave> waves;
+  std::vector<unsigned char> shared;  // kSharedAlignment spare bytes in front
+  size_t shared_bytes = 0;
+  Thread* current = nullptr;
+  ucontext_t scheduler;
+};
+
+ChipModel g_chip{"gfx942:sramecc+:xnack-", 64 * 1024, 8};
+int g_last_error = 0;
+// The grid being run, and one more for a held-back launch run from inside it (wait_for_previous_grid).
+GridRun g_runs[2];
+GridRun* g_run = &g_runs[0];
+
+Wave& wave_of(const Thread& thread) { return g_run->waves[thread.linear / kWaveSize]; }
+
+unsigned char* shared_base() {
+  const uintptr_t address = reinterpret_cast<uintptr_t>(g_run->shared.data());
+  return g_run->shared.data() + (kSharedAlignment - address % kSharedAlignment) % kSharedAlignment;
+}
+
+// Back to the scheduler until it resumes this thread.
+void yield() { swapcontext(&g_run->current->context, &g_run->scheduler); }
+
+Thread& thread_at(const Wave& wave, int lane) {
+  return g_run->threads[static_cast<size_t>(&wave - g_run->waves.data()) * kWaveSize + lane];
+}
+
+void release_round(Wave& wave, Round& round) {
+  for (int lane = 0; lane < kWaveSize; ++lane) {
+    if (!(round.lanes >> lane & 1)) continue;
+    Thread& thread = thread_at(wave, lane);
+    thread.released = true;
+    thread.round_lanes = round.lanes;
+    thread.round_parity = round.parity;
+  }
+  round = Round{};
+}
+
+// Live lanes of [first, first + width) of the wave.
+int live_lanes(const Wave& wave, int first, int width) {
+  int count = 0;
+  const int base = static_cast<int>(&wave - g_run->waves.data()) * kWaveSize;
+  for (int lane = first; lane < first + width; ++lane) {
+    count += base + lane < g_run->grid.threads && !thread_at(wave, lane).done;
+  }
+  return count;
+}
+
+// Releases the wave's runs whose group has arrived in full (every live lane of it).
+void release_full_rounds(Wave& wave) {
+  for (Round& round : wave.rounds) {
+    if (round.open && __builtin_popcountll(round.lanes) == live_lanes(wave, round.group_first, round.width)) {
+      release_round(wave, round);
+    }
+  }
+}
+
+void release_block() {
+  g_run->block.arrived = 0;
+  ++g_run->block.generation;
+}
+
+bool blocked(const Thread& thread) {
+  switch (thread.wait) {
+    case Wait::kBarrier:
+      return g_run->block.generation == thread.wait_generation;
+    case Wait::kExchange:
+      return !thread.released;
+    default:
+      return false;
+  }
+}
+
+// After a pass over the block in which no thread could run: every live lane waits, so each pending run of
+// a wave operation takes the lanes that reached it (the others of its group wait elsewhere). Returns
+// whether there was one.
+bool release_partial_rounds() {
+  bool released = false;
+  for (Wave& wave : g_run->waves) {
+    for (Round& round : wave.rounds) {
+      if (!round.open) continue;
+      release_round(wave, round);
+      released = true;
+    }
+  }
+  return released;
+}
+
+void thread_entry() {
+  g_run->grid.body(g_run->grid.context);
+  Thread& self = *g_run->current;
+  self.done = true;
+  self.wait = Wait::kNone;
+  // A thread that ends releases the barriers the others wait at, as an exited wave does.
+  release_full_rounds(wave_of(self));
+  --g_run->block.live;
+  if (g_run->block.arrived > 0 && g_run->block.arrived == g_run->block.live) release_block();
+  swapcontext(&self.context, &g_run->scheduler);
+  fail("a finished thread resumed");
+}
+
+void run_block() {
+  g_run->block.live = g_run->grid.threads;
+  g_run->block.arrived = 0;
+  const int waves = (g_run->grid.threads + kWaveSize - 1) / kWaveSize;
+  for (int w = 0; w < waves; ++w) {
+    for (Round& round : g_run->waves[w].rounds) round = Round{};
+  }
+  std::fill(shared_base(), shared_base() + g_run->shared_bytes, static_cast<unsigned char>(0xCD));
+  for (int t = 0; t < g_run->grid.threads; ++t) {
+    Thread& thread = g_run->threads[t];
+    thread.linear = t;
+    thread.index = {static_cast<uint32_t>(t % g_run->grid.block.x),
+                    static_cast<uint32_t>((t / g_run->grid.block.x) % g_run->grid.block.y),
+                    static_cast<uint32_t>(t / (g_run->grid.block.x * g_run->grid.block.y))};
+    thread.done = false;
+    thread.wait = Wait::kNone;
+    thread.exchanges = 0;
+    getcontext(&thread.context);
+    thread.context.uc_stack.ss_sp = thread.stack.get();
+    thread.context.uc_stack.ss_size = kStackBytes;
+    thread.context.uc_link = nullptr;
+    makecontext(&thread.context, thread_entry, 0);
+  }
+  int remaining = g_run->grid.threads;
+  while (remaining > 0) {
+    // One pass over the threads; each runs until it waits or ends. After a pass in which none could run,
+    // every live thread waits: a wave operation that part of a wave reached then runs for those lanes;
+    // without one, the waits can never end.
+    bool ran = false;
+    for (int t = 0; t < g_run->grid.threads; ++t) {
+      Thread& thread = g_run->threads[t];
+      if (thread.done || blocked(thread)) continue;
+      g_run->current = &thread;
+      swapcontext(&g_run->scheduler, &thread.context);
+      ran = true;
+      if (thread.done) --remaining;
+    }
+    g_run->current = nullptr;
+    if (remaining > 0 && !ran && !release_partial_rounds()) {
+      fail("deadlock: live threads wait at barriers or wave operations that others never reach");
+    }
+  }
+}
+
+}  // namespace
+
+void model_error(const char* what) {
+  std::fprintf(stderr, "device model (%d-lane waves): %s\n", kWaveSize, what);
+  std::abort();
+}
+
+Index3& thread_index() { return g_run->current->index; }
+const Index3& block_index() { return g_run->block.index; }
+Index3 running_block_dim{1, 1, 1};
+Index3 running_grid_dim{1, 1, 1};
+const Index3& block_dim() { return g_run->grid.block; }
+const Index3& grid_dim() { return g_run->grid.grid; }
+int lane_id() { return g_run->current->linear % kWaveSize; }
+void* dynamic_shared_memory() { return shared_base(); }
+
+void sync_block() {
+  Thread& self = *g_run->current;
+  self.wait = Wait::kBarrier;
+  self.wait_generation = g_run->block.generation;
+  if (++g_run->block.arrived == g_run->block.live) {
+    release_block();
+  } else {
+    while (blocked(self)) yield();
+  }
+  self.wait = Wait::kNone;
+}
+
+__attribute__((noinline)) const void* call_site() { return __builtin_return_address(0); }
+
+void wave_exchange(const void* mine, size_t bytes, int width, const void* site) {
+  if (bytes > kSlotBytes) fail("wave operand too large");
+  if (width < 1 || width > kWaveSize || (width & (width - 1)) != 0) fail("wave operation width");
+  Thread& self = *g_run->current;
+  Wave& wave = wave_of(self);
+  const int lane = self.linear % kWaveSize;
+  const int parity = static_cast<int>(self.exchanges++ % 2);
+  std::memcpy(wave.deposits[lane][parity], mine, bytes);
+  const int group_first = lane / width * width;
+  // Join the group's pending run at this site, or open one. Another pending run of the same group at
+  // another site means lanes of one group on both sides of a branch at once.
+  Round* joined = nullptr;
+  for (Round& round : wave.rounds) {
+    if (!round.open || group_first >= round.group_first + round.width || round.group_first >= group_first + width) {
+      continue;
+    }
+    if (round.site != site || round.width != width) fail("lanes of a wave wait at different wave operations at once");
+    joined = &round;
+  }
+  if (joined == nullptr) {
+    joined = &wave.rounds[lane];  // free: a lane is in at most one run, and a run opened by lane l sits at l
+    *joined = Round{site, group_first, width, 0, 0, true};
+  }
+  joined->lanes |= uint64_t{1} << lane;
+  joined->parity |= uint64_t{static_cast<unsigned>(parity)} << lane;
+  self.wait = Wait::kExchange;
+  self.released = false;
+  if (__builtin_popcountll(joined->lanes) == live_lanes(wave, group_first, width)) release_round(wave, *joined);
+  while (blocked(self)) yield();
+  self.wait = Wait::kNone;
+}
+
+bool taken_part(int lane) { return lane >= 0 && lane < kWaveSize && (g_run->current->round_lanes >> lane & 1); }
+
+const unsigned char* deposit_of(int source) {
+  if (source < 0 || source >= kWaveSize) fail("wave operation reads a lane outside the wave");
+  if (!taken_part(source)) fail("wave operation reads a lane that did not take part");
+  const Thread& self = *g_run->current;
+  return wave_of(self).deposits[source][g_run->current->round_parity >> source & 1];
+}
+
+namespace {
+
+bool valid_configuration(Index3 grid, Index3 block, size_t dynamic_shared_bytes) {
+  const uint64_t threads = uint64_t{block.x} * block.y * block.z;
+  return threads >= 1 && threads <= kMaxThreads && grid.x >= 1 && grid.y >= 1 && grid.z >= 1 && grid.y <= 65535 &&
+         grid.z <= 65535 && dynamic_shared_bytes <= g_chip.lds_bytes;
+}
+
+// Runs a valid grid on `run`, then makes the grid that was being run current again.
+void run_valid_grid(GridRun& run, Index3 grid, Index3 block, size_t dynamic_shared_bytes, KernelBody body,
+                    void* context) {
+  GridRun* const outer = g_run;
+  g_run = &run;
+  const uint64_t threads = uint64_t{block.x} * block.y * block.z;
+  run.grid = {grid, block, static_cast<int>(threads), body, context};
+  if (run.threads.size() < threads) {
+    const size_t old = run.threads.size();
+    run.threads.resize(threads);
+    for (size_t t = old; t < threads; ++t) run.threads[t].stack.reset(new unsigned char[kStackBytes]);
+  }
+  run.waves.resize((threads + kWaveSize - 1) / kWaveSize);
+  run.shared.assign(dynamic_shared_bytes + kSharedAlignment, 0xCD);
+  run.shared_bytes = dynamic_shared_bytes;
+  const Index3 outer_grid_dim = running_grid_dim, outer_block_dim = running_block_dim;
+  running_grid_dim = grid;
+  running_block_dim = block;
+  for (uint32_t z = 0; z < grid.z; ++z) {
+    for (uint32_t y = 0; y < grid.y; ++y) {
+      for (uint32_t x = 0; x < grid.x; ++x) {
+        run.block.index = {x, y, z};
+        run_block();
+      }
+    }
+  }
+  running_grid_dim = outer_grid_dim;
+  running_block_dim = outer_block_dim;
+  g_run = outer;
+}
+
+void run_launch_body(void* context) { (*static_cast<const std::function<void()>*>(context))(); }
+
+void run_launch(GridRun& run, const Launch& launch) {
+  run_valid_grid(run, launch.grid, launch.block, launch.dynamic_shared_bytes, &run_launch_body,
+                 const_cast<std::function<void()>*>(&launch.body));
+}
+
+// Stream order: the launch held back (not run yet), the one waiting for the running kernel's
+// wait_for_previous_grid(), and how many launches came since the last finish_launches().
+std::optional<Launch> g_held;
+std::optional<Launch> g_awaited;
+int g_launches_since_finish = 0;
+
+int held_back_phase() {
+  static const int phase = [] {
+    const char* value = std::getenv("DSV4_MODEL_PDL_PHASE");
+    return value != nullptr && value[0] == '1' ? 1 : 0;
+  }();
+  return phase;
+}
+
+}  // namespace
+
+void require_exactly_lanes(uint64_t mask) {
+  for (int lane = 0; lane < kWaveSize; ++lane) {
+    if (taken_part(lane) != ((mask >> lane & 1u) != 0)) {
+      fail("a *_sync warp operation without exactly the lanes of its mask");
+    }
+  }
+}
+
+int run_grid(Index3 grid, Index3 block, size_t dynamic_shared_bytes, KernelBody body, void* context) {
+  if (g_run != &g_runs[0] || g_runs[0].current != nullptr) fail("run_grid inside a running kernel");
+  if (!valid_configuration(grid, block, dynamic_shared_bytes)) {
+    g_last_error = 9;  // invalid configuration
+    return g_last_error;
+  }
+  run_valid_grid(g_runs[0], grid, block, dynamic_shared_bytes, body, context);
+  return 0;
+}
+
+int launch(Launch next) {
+  if (g_run != &g_runs[0] || g_runs[0].current != nullptr) fail("a launch from inside a running kernel");
+  if (!valid_configuration(next.grid, next.block, next.dynamic_shared_bytes)) {
+    g_last_error = 9;
+    return g_last_error;
+  }
+  const bool hold = g_launches_since_finish++ % 2 == held_back_phase();
+  if (g_held) {
+    Launch held = std::move(*g_held);
+    g_held.reset();
+    if (next.overlapping && next.kernel != held.kernel) {
+      // The dependent first; the held kernel when the dependent first waits for it (or after the dependent, if
+      // it never does: it then reads nothing the held kernel writes).
+      g_awaited = std::move(held);
+      run_launch(g_runs[0], next);
+      if (g_awaited) {
+        held = std::move(*g_awaited);
+        g_awaited.reset();
+        run_launch(g_runs[0], held);
+      }
+      return 0;
+    }
+    run_launch(g_runs[0], held);
+  }
+  if (hold) {
+    g_held = std::move(next);
+  } else {
+    run_launch(g_runs[0], next);
+  }
+  return 0;
+}
+
+void wait_for_previous_grid() {
+  if (!g_awaited || g_run != &g_runs[0]) return;  // (a kernel run from here waits for nothing: all before it ran)
+  const Launch awaited = std::move(*g_awaited);
+  g_awaited.reset();
+  run_launch(g_runs[1], awaited);
+}
+
+void finish_launches() {
+  if (g_held) {
+    const Launch held = std::move(*g_held);
+    g_held.reset();
+    run_launch(g_runs[0], held);
+  }
+  g_launches_since_finish = 0;
+}
+
+void set_chip(const ChipModel& chip) { g_chip = chip; }
+const ChipModel& chip() { return g_chip; }
+int take_last_error() {
+  const int error = g_last_error;
+  g_last_error = 0;
+  return error;
+}
+
+}  // namespace dsv4_sim
