@@ -77,7 +77,8 @@ DSV4_HD constexpr int64_t merged_epilogue_max_tokens(int mixes) { return mixes =
 // hidden (measured up to 64 tokens; larger sizes launch plainly, where a launch latency is small against
 // the kernels' run time). The one-kernel epilogue + collapse always overlaps the dots kernel, which releases
 // it only once the residual's writer has finished (the dots kernel waits for that writer, or for a split of
-// fn launched after it, or was itself launched after it).
+// fn launched after it, or was itself launched after it, or -- the fused dots kernel -- is that writer, and
+// the residual loads after the wait).
 constexpr int64_t kChainedMaxTokens = 64;
 // Rounds of each thread's collapse vectors that kernel loads before the epilogue: all of them up to
 // hidden 8192 (4 rounds of 256 threads x 8 values).
@@ -710,18 +711,21 @@ __global__ void __launch_bounds__(kThreads) mhc_collapse_kernel(MhcPreArgs args,
 
 // One block per token: its epilogue (by the first warp, whose lane groups all run it so that its shuffles
 // stay full-width; the first group writes), then its collapse. For a few tokens, where a kernel launch
-// costs more than a block's wait for its own epilogue.
-template <int kMixes, int kLanes>
+// costs more than a block's wait for its own epilogue. kResidualFromDots: the dots kernel before it wrote
+// the residual (mhc_fused_dots_kernel).
+template <int kMixes, int kLanes, bool kResidualFromDots>
 __global__ void __launch_bounds__(kThreads) mhc_epilogue_collapse_kernel(MhcPreArgs args) {
   __shared__ float scratch[kThreads / kHalfLanes];
   __shared__ float pre_shared[mhc::kHcMult];
   const int64_t token = blockIdx.x;
-  // The collapse's stream values do not depend on the epilogue, nor on the dots kernel before it (which
-  // releases this kernel only once the residual's writer has finished): loaded first, their latency
-  // overlaps the dots kernel's end and the epilogue.
+  // The collapse's stream values do not depend on the epilogue: loaded first, their latency overlaps the
+  // epilogue, and unless the dots kernel before this one wrote them, the dots kernel's end too (it releases
+  // this kernel only once the residual's writer has finished).
   PrefetchedVectors<kCollapsePrefetchRounds> prefetched;
-  prefetch_vectors(args.residual + token * mhc::kHcMult * args.hidden, args.hidden, prefetched);
-  wait_for_previous_kernel();  // the partial sums
+  const uint16_t* residual = args.residual + token * mhc::kHcMult * args.hidden;
+  if constexpr (!kResidualFromDots) prefetch_vectors(residual, args.hidden, prefetched);
+  wait_for_previous_kernel();  // the partial sums (and with kResidualFromDots the residual)
+  if constexpr (kResidualFromDots) prefetch_vectors(residual, args.hidden, prefetched);
   if (threadIdx.x < kWarpSize) {
     epilogue_token<kMixes, kLanes>(args, token, threadIdx.x % kLanes, threadIdx.x < kLanes, pre_shared);
   }
@@ -799,19 +803,20 @@ PreWorkspaceLayout pre_workspace_layout(int64_t tokens, int64_t hidden, int mixe
   return layout;
 }
 
-// Where mhc_fused_post_pre runs post inside the dots kernel (mhc_fused_dots_kernel): on AMD. NVIDIA runs
-// post, then pre, until the fused kernel has been measured on the H200; before it may serve there, its
-// two-tile form must stop spilling (255 registers with CUDA 13.0: two rows of A a lane, each with five
-// 32-byte loads in flight) and the one-kernel epilogue and collapse must stop loading the residual ahead
-// of its wait (with programmatic launch the fused dots kernel is that residual's writer).
+// mhc_fused_post_pre runs post inside the dots kernel (mhc_fused_dots_kernel) at every size on AMD; on NVIDIA
+// where the dots kernel takes one tile per warp (below kTwoTileMinTokens tokens), and beyond that post, then
+// pre: there the fused two-tile form needs more registers than a thread has (255 and 544 bytes of stack with
+// CUDA 13.0: two rows of A a lane, each with x and four streams' 32 bytes in flight).
 #if defined(__HIPCC__)
-constexpr bool kFusedPostPre = true;
+constexpr bool kFusedTwoTiles = true;
 #else
-constexpr bool kFusedPostPre = false;
+constexpr bool kFusedTwoTiles = false;
 #endif
+bool fused_dots_serve(int64_t tokens) { return kFusedTwoTiles || dots_tiles_per_warp(tokens) == 1; }
 
 // The dot products (after splitting fn, where that pays), the epilogue, then the collapse. With `post`
-// (mhc_fused_post_pre), the dots kernel makes post's output (args.residual) from post's inputs.
+// (mhc_fused_post_pre, where fused_dots_serve), the dots kernel makes post's output (args.residual) from
+// post's inputs.
 template <int kMixes>
 void launch_pre_kernels(const MhcPreArgs& args, hipStream_t stream, const MhcPostArgs* post = nullptr) {
   const PreWorkspaceLayout layout = pre_workspace_layout(args.tokens, args.hidden, kMixes);
@@ -822,7 +827,7 @@ void launch_pre_kernels(const MhcPreArgs& args, hipStream_t stream, const MhcPos
   const auto launch_dots = [&](auto presplit, auto tiles, const FnChunk<kMixes>* chunks, bool overlapping) {
     constexpr bool kPresplit = decltype(presplit)::value;
     constexpr int kTiles = decltype(tiles)::value;
-    if constexpr (kFusedPostPre && kMixes == mhc::kPreMixes) {
+    if constexpr (kMixes == mhc::kPreMixes && (kTiles == 1 || kFusedTwoTiles)) {
       if (post != nullptr) {
         launch_overlapping(mhc_fused_dots_kernel<kPresplit, kTiles>, dots_grid, dots_block, 0, stream, args, chunks,
                            *post);
@@ -845,7 +850,7 @@ void launch_pre_kernels(const MhcPreArgs& args, hipStream_t stream, const MhcPos
     // device-pass constant).
     const int64_t vectors = count / tile::kChunk * split_chunk_bytes_bound(kMixes) / (kSplitPlanes * 2 * 4);
     bool by_stream = false;  // the fused dots' stream-interleaved chunks
-    if constexpr (kFusedPostPre && kMixes == mhc::kPreMixes) {
+    if constexpr (kMixes == mhc::kPreMixes) {
       if (post != nullptr) {
         hipLaunchKernelGGL((mhc_split_fn_kernel<kMixes, true>), dim3(elementwise_blocks(vectors)), dim3(kThreads), 0,
                            stream, args.fn, count, split_fn);
@@ -870,12 +875,23 @@ void launch_pre_kernels(const MhcPreArgs& args, hipStream_t stream, const MhcPos
   }
   if (args.tokens <= merged_epilogue_max_tokens(kMixes)) {
     const dim3 grid(static_cast<unsigned>(args.tokens));
-    if (args.k_splits >= kWideEpilogueMinSplits) {
-      launch_overlapping(mhc_epilogue_collapse_kernel<kMixes, 2 * kCombLanes>, grid, dim3(kThreads), 0, stream,
-                         args);
-    } else {
-      launch_overlapping(mhc_epilogue_collapse_kernel<kMixes, kCombLanes>, grid, dim3(kThreads), 0, stream, args);
+    const auto launch_merged = [&](auto residual_from_dots) {
+      constexpr bool kResidualFromDots = decltype(residual_from_dots)::value;
+      if (args.k_splits >= kWideEpilogueMinSplits) {
+        launch_overlapping(mhc_epilogue_collapse_kernel<kMixes, 2 * kCombLanes, kResidualFromDots>, grid,
+                           dim3(kThreads), 0, stream, args);
+      } else {
+        launch_overlapping(mhc_epilogue_collapse_kernel<kMixes, kCombLanes, kResidualFromDots>, grid, dim3(kThreads),
+                           0, stream, args);
+      }
+    };
+    if constexpr (kMixes == mhc::kPreMixes) {
+      if (post != nullptr) {
+        launch_merged(std::true_type{});
+        return;
+      }
     }
+    launch_merged(std::false_type{});
     return;
   }
   float* pre_weights = args.partials + layout.pre_weights;
@@ -969,7 +985,7 @@ LaunchStatus launch_mhc_fused_post_pre(const MhcPostArgs& post, const MhcPreArgs
   if (!chained || !valid_post(post) || !valid_pre(pre)) return LaunchStatus::kInvalidArgument;
   if (pre.tokens == 0) return LaunchStatus::kOk;
   auto hip_stream = static_cast<hipStream_t>(stream);
-  if constexpr (kFusedPostPre) {  // post made inside the dots kernel: x and the old residual read once
+  if (fused_dots_serve(pre.tokens)) {  // post made inside the dots kernel: x and the old residual read once
     launch_pre_kernels<mhc::kPreMixes>(pre, hip_stream, &post);
     return last_launch_status();
   }
