@@ -13,8 +13,8 @@
 # the inline functions of the shared numerics headers are compiled there with a device path selected, and
 # must not stand in for the CPU library's own copies (or the other way round) at the final link.
 #
-# The sm_90a model does not run the kernels whose NVIDIA paths use wgmma, asynchronous copies or clusters
-# (the indexer logits, sparse MLA decode and the wo_a GEMM): their PTX is not modelled yet.
+# The sm_90a model does not run the indexer logits and the wo_a GEMM yet: their tensor-memory copies, mbarriers
+# and thread block clusters are not modelled (and their PTX is still inline, not behind dsv4/ptx.h).
 
 option(DSV4OPS_DEVICE_MODEL "run the kernels' device paths on the CPU (tests/device_model; needs a host clang)" ON)
 if(NOT DSV4OPS_DEVICE_MODEL)
@@ -38,7 +38,7 @@ set(_asan_flags -fsanitize=address -fno-omit-frame-pointer)
 # and the tests.
 set(_chip_gfx942_macros -D__HIPCC__ -D__HIP_PLATFORM_AMD__ -D__AMDGCN__ -D__HIP_DEVICE_COMPILE__ -D__gfx942__)
 set(_chip_gfx950_macros -D__HIPCC__ -D__HIP_PLATFORM_AMD__ -D__AMDGCN__ -D__HIP_DEVICE_COMPILE__ -D__gfx950__)
-set(_chip_sm90a_macros -D__CUDACC__ -D__CUDA_ARCH__=900 -DDSV4_CUDA_SM90A_ONLY_BUILD=1)
+set(_chip_sm90a_macros -D__CUDACC__ -D__CUDA_ARCH__=900 -D__CUDA_ARCH_FEAT_SM90_ALL -DDSV4_CUDA_SM90A_ONLY_BUILD=1)
 set(_chip_gfx942_include ${_model_src}/include_cdna)
 set(_chip_gfx950_include ${_model_src}/include_cdna)
 set(_chip_sm90a_include ${_model_src}/include_sm90)
@@ -49,11 +49,11 @@ set(_cdna_tests cdna_model sim_bmm sim_indexer_logits sim_indexer_topk sim_kv_ca
                 sim_wo_a_quant)
 set(_chip_gfx942_tests ${_cdna_tests})
 set(_chip_gfx950_tests ${_cdna_tests})
-set(_chip_sm90a_tests sm90_model sim_indexer_topk sim_kv_cache_fp8 sim_mhc sim_wo_a_quant)
+set(_chip_sm90a_tests sm90_model sim_indexer_topk sim_kv_cache_fp8 sim_mhc sim_sparse_mla sim_wo_a_quant)
 set(_chip_gfx942_kernels ${DSV4OPS_KERNEL_SOURCES})
 set(_chip_gfx950_kernels ${DSV4OPS_KERNEL_SOURCES})
 set(_chip_sm90a_kernels ${DSV4OPS_KERNEL_SOURCES})
-list(FILTER _chip_sm90a_kernels EXCLUDE REGEX "/(indexer_logits|sparse_mla_decode|bmm_a8w8_mxscale)\\.hip$")
+list(FILTER _chip_sm90a_kernels EXCLUDE REGEX "/(indexer_logits|bmm_a8w8_mxscale)\\.hip$")
 
 # ${output}: the kernels of `chip` as one object exporting only the launchers; ARGN: extra compile flags.
 function(dsv4_model_kernels output chip variant)
@@ -136,8 +136,9 @@ foreach(_chip gfx942 gfx950 sm90a)
     DEPENDS ${_asan_objects} ${_asan_kernels} VERBATIM
     COMMENT "device model: the ${_chip} AddressSanitizer program")
   list(APPEND _asan_programs ${_asan_program})
-  # The death tests fork a child that aborts on purpose: left to the plain program.
-  add_test(NAME model_${_chip}_asan COMMAND ${_asan_program} --gtest_filter=-*DeathTest*)
+  # The death tests fork a child that aborts on purpose: left to the plain program; so is the sm_90a
+  # warpgroup kernel's large shape, which on AMD repeats the smaller ones' paths at several times their cost.
+  add_test(NAME model_${_chip}_asan COMMAND ${_asan_program} --gtest_filter=-*DeathTest*:*WarpgroupKernelShapes)
   set_tests_properties(model_${_chip}_asan PROPERTIES
     ENVIRONMENT "ASAN_OPTIONS=detect_leaks=0:detect_stack_use_after_return=0:halt_on_error=1")
 endforeach()

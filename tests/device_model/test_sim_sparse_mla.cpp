@@ -52,9 +52,10 @@ struct IndexLists {
 // `poisoned`: slots 5 and 70 of the main cache get a NaN scale byte and a NaN RoPE value (the kernels zero
 // a key's non-finite dims), and every row selects them.
 // `layout`: q and out rows at padded strides (heads 512 + 64 apart, tokens one head further), the main
-// cache in blocks of 16, int32 positions.
+// cache in blocks of 16, int32 positions. `main_per_row`: main-cache entries a row selects (give or take).
 void check_decode(int64_t heads, int64_t tokens, Fp8Format main_format, bool with_extra, int requested_splits,
-                  bool inverse_rope, uint64_t seed, bool poisoned = false, bool layout = false) {
+                  bool inverse_rope, uint64_t seed, bool poisoned = false, bool layout = false,
+                  int64_t main_per_row = 100) {
   Random random(seed);
   const int64_t block_size = layout ? 16 : 64;
   FilledCache main_cache(random, 384 / block_size, block_size, main_format);
@@ -67,7 +68,7 @@ void check_decode(int64_t heads, int64_t tokens, Fp8Format main_format, bool wit
     }
   }
   const FilledCache extra_cache(random, 3, 64, Fp8Format::kOCP);
-  IndexLists main_lists(random, tokens, 100, main_cache.blocks * main_cache.block_size);
+  IndexLists main_lists(random, tokens, main_per_row, main_cache.blocks * main_cache.block_size);
   if (poisoned) {
     for (int64_t t = 0; t < tokens; ++t) {
       main_lists.indices[main_lists.indptr[t]] = 5;
@@ -156,6 +157,13 @@ TEST(ModelSparseMla, PoisonedRecords) {
   for (Fp8Format main_format : {Fp8Format::kOCP, Fp8Format::kFNUZ}) {
     check_decode(16, 2, main_format, true, 0, false, 66, true);
   }
+}
+
+// 64 heads, 32 rows of about 260 keys: on sm_90a the warpgroup-MMA kernel (from 32 blocks of 64 heads and 192
+// keys a row), one split and two.
+TEST(ModelSparseMla, WarpgroupKernelShapes) {
+  check_decode(64, 32, chip_format(), true, 1, true, 69, false, false, 200);
+  check_decode(64, 32, Fp8Format::kOCP, true, 2, false, 70, true, false, 200);
 }
 
 TEST(ModelSparseMla, StridedRowsSmallBlocksInt32Positions) {

@@ -1,6 +1,7 @@
 // The 32-lane (NVIDIA sm_90a) model itself: mma.sync against a plain matrix product with the PTX ISA's
-// fragment layout, the conversions, the *_sync mask rule, and launches held back for programmatic dependent
-// launch. Also sets the chip the program models before any test runs.
+// fragment layout, the conversions, ldmatrix, asynchronous copies, named barriers, the *_sync mask rule, and
+// launches held back for programmatic dependent launch. (wgmma's layouts are checked by the kernel that uses
+// them: sparse MLA decode's warpgroup kernel, known good on the H200.) Also sets the chip the program models before any test runs.
 #include <functional>
 
 #include "sim_test_support.h"
@@ -81,6 +82,78 @@ TEST(WarpModelDeathTest, ASyncShuffleNeedsEveryLaneOfItsMask) {
                            dsv4_sim::require_exactly_lanes(0xffffffffu);
                          }),
                "exactly the lanes of its mask");
+}
+
+TEST(WarpModel, ConversionsAndBytePermutes) {
+  EXPECT_EQ(dsv4_sim::cvt_rn_bf16x2_f32(-2.0f, 1.0f + 0x1p-8f), 0xC0003F80u);  // the tie to even: 1.0
+  EXPECT_EQ(dsv4_sim::cvt_rn_bf16x2_f32(NAN, 1.0f + 0x1.8p-8f), 0x7FFF3F81u);
+  float low = 0.0f, high = 0.0f;
+  dsv4_sim::cvt_f32_f16_halves(0x80013C00u, low, high);  // 1.0 and -2^-24 (the smallest subnormal)
+  EXPECT_EQ(low, 1.0f);
+  EXPECT_EQ(high, -0x1p-24f);
+  // Sign replication (nibble bit 3): bytes 0-1 after byte 1's top bit, 2-3 after byte 3's.
+  EXPECT_EQ(dsv4_sim::prmt_b32(0x7F00800Fu, 0, 0xBB99u), 0x0000FFFFu);
+  EXPECT_EQ(dsv4_sim::prmt_b32(0x11223344u, 0x55667788u, 0x7410u), 0x55883344u);
+}
+
+// ldmatrix: lane l names row l % 8 of matrix l / 8; a lane gets row l / 4, elements 2 (l % 4) and + 1 of
+// each matrix, or with .trans column l / 4, rows 2 (l % 4) and + 1.
+TEST(WarpModel, LdmatrixDealsRowsAndColumns) {
+  static uint16_t tile[4][8][8];  // `static`: the model's shared memory
+  for (int m = 0; m < 4; ++m) {
+    for (int r = 0; r < 8; ++r) {
+      for (int c = 0; c < 8; ++c) tile[m][r][c] = static_cast<uint16_t>(m * 100 + r * 10 + c);
+    }
+  }
+  run_block(32, [&] {
+    const int lane = dsv4_sim::lane_id();
+    const uint32_t address = dsv4_sim::shared_window_address(&tile[lane / 8][lane % 8][0]);
+    uint32_t plain[4], transposed[4];
+    dsv4_sim::ldmatrix_x4(plain, address, false, nullptr);
+    dsv4_sim::ldmatrix_x4(transposed, address, true, &tile);  // another call site
+    for (int m = 0; m < 4; ++m) {
+      EXPECT_EQ(plain[m], tile[m][lane / 4][2 * (lane % 4)] | (uint32_t{tile[m][lane / 4][2 * (lane % 4) + 1]} << 16));
+      EXPECT_EQ(transposed[m],
+                tile[m][2 * (lane % 4)][lane / 4] | (uint32_t{tile[m][2 * (lane % 4) + 1][lane / 4]} << 16));
+    }
+  });
+}
+
+// cp.async: the copy lands when its thread waits for its group, not before; a later group may stay pending.
+TEST(WarpModel, AsynchronousCopiesLandAtTheWait) {
+  static unsigned char shared[64];
+  const std::vector<unsigned char> global(64, 7);
+  run_block(1, [&] {
+    std::memset(shared, 0, sizeof shared);
+    dsv4_sim::defer(dsv4_sim::AsyncUnit::kCopy, [&] { std::memcpy(shared, global.data(), 16); });
+    dsv4_sim::commit_deferred(dsv4_sim::AsyncUnit::kCopy);
+    dsv4_sim::defer(dsv4_sim::AsyncUnit::kCopy, [&] { std::memcpy(shared + 16, global.data(), 16); });
+    dsv4_sim::commit_deferred(dsv4_sim::AsyncUnit::kCopy);
+    EXPECT_EQ(shared[0], 0);
+    dsv4_sim::complete_deferred(dsv4_sim::AsyncUnit::kCopy, 1);
+    EXPECT_EQ(shared[0], 7);
+    EXPECT_EQ(shared[16], 0);
+    dsv4_sim::complete_deferred(dsv4_sim::AsyncUnit::kCopy, 0);
+    EXPECT_EQ(shared[16], 7);
+  });
+}
+
+// bar.sync on a named barrier waits for its thread count (bar.arrive counts without waiting): a producer
+// warp's writes are seen by the consumer warps after it.
+TEST(WarpModel, NamedBarriersCountTheirThreads) {
+  std::vector<int> seen(96, -1);
+  int produced = 0;
+  run_block(96, [&] {
+    const int t = static_cast<int>(dsv4_sim::thread_index().x);
+    if (t < 32) {
+      if (t == 0) produced = 42;
+      dsv4_sim::named_barrier(3, 96, false);
+    } else {
+      dsv4_sim::named_barrier(3, 96, true);
+      seen[t] = produced;
+    }
+  });
+  for (int t = 32; t < 96; ++t) EXPECT_EQ(seen[t], 42);
 }
 
 // Stream order with programmatic dependent launch: the first launch is held back; the second, launched to

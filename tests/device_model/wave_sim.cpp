@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <deque>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
@@ -17,11 +18,15 @@ namespace dsv4_sim {
 namespace {
 
 constexpr size_t kStackBytes = 256 * 1024;
+// Window addresses of `static` shared variables: this, plus their offset from an anchor in the program's data
+// (within +-2^29).
+constexpr uint32_t kStaticWindowBase = 0xC0000000u;
+const unsigned char g_static_window_anchor = 0;
 constexpr int kMaxThreads = 1024;
 
 [[noreturn]] void fail(const char* what) { model_error(what); }
 
-enum class Wait { kNone, kBarrier, kExchange };
+enum class Wait { kNone, kBarrier, kExchange, kNamedBarrier };
 
 // One pending run of a wave operation: the lanes of one aligned group that wait at one call site.
 struct Round {
@@ -45,6 +50,10 @@ struct Thread {
   uint64_t exchanges = 0;        // wave operations it took part in: its next deposit buffer is exchanges % 2
   uint64_t round_lanes = 0;      // the lanes and deposit buffers of its last wave operation
   uint64_t round_parity = 0;
+  int named_barrier = 0;         // the named barrier it waits at
+  // Per AsyncUnit: its open group, and its committed groups, oldest first.
+  std::vector<std::function<void()>> open_group[2];
+  std::deque<std::vector<std::function<void()>>> groups[2];
 };
 
 // A lane deposits into its own two buffers in turn. It can deposit again into the buffer of an earlier
@@ -56,11 +65,17 @@ struct Wave {
   unsigned char deposits[kWaveSize][2][kSlotBytes];
 };
 
+struct NamedBarrier {
+  int arrived = 0;
+  uint64_t generation = 0;
+};
+
 struct Block {
   Index3 index;
   int live = 0;
   int arrived = 0;
   uint64_t generation = 0;
+  NamedBarrier named[16];  // bar.sync / bar.arrive; 0 is the block barrier's (__syncthreads) and unused here
 };
 
 struct Grid {
@@ -144,6 +159,8 @@ bool blocked(const Thread& thread) {
       return g_run->block.generation == thread.wait_generation;
     case Wait::kExchange:
       return !thread.released;
+    case Wait::kNamedBarrier:
+      return g_run->block.named[thread.named_barrier].generation == thread.wait_generation;
     default:
       return false;
   }
@@ -164,8 +181,20 @@ bool release_partial_rounds() {
   return released;
 }
 
+void complete_groups(Thread& thread, int unit, size_t pending) {
+  while (thread.groups[unit].size() > pending) {
+    const std::vector<std::function<void()>> group = std::move(thread.groups[unit].front());
+    thread.groups[unit].pop_front();
+    for (const auto& work : group) work();
+  }
+}
+
 void thread_entry() {
   g_run->grid.body(g_run->grid.context);
+  for (int unit = 0; unit < 2; ++unit) {
+    commit_deferred(static_cast<AsyncUnit>(unit));
+    complete_groups(*g_run->current, unit, 0);
+  }
   Thread& self = *g_run->current;
   self.done = true;
   self.wait = Wait::kNone;
@@ -180,6 +209,7 @@ void thread_entry() {
 void run_block() {
   g_run->block.live = g_run->grid.threads;
   g_run->block.arrived = 0;
+  for (NamedBarrier& barrier : g_run->block.named) barrier = NamedBarrier{};
   const int waves = (g_run->grid.threads + kWaveSize - 1) / kWaveSize;
   for (int w = 0; w < waves; ++w) {
     for (Round& round : g_run->waves[w].rounds) round = Round{};
@@ -194,6 +224,10 @@ void run_block() {
     thread.done = false;
     thread.wait = Wait::kNone;
     thread.exchanges = 0;
+    for (int unit = 0; unit < 2; ++unit) {
+      thread.open_group[unit].clear();
+      thread.groups[unit].clear();
+    }
     getcontext(&thread.context);
     thread.context.uc_stack.ss_sp = thread.stack.get();
     thread.context.uc_stack.ss_size = kStackBytes;
@@ -353,6 +387,60 @@ int held_back_phase() {
 }
 
 }  // namespace
+
+uint32_t shared_window_address(const void* shared_pointer) {
+  const auto* p = static_cast<const unsigned char*>(shared_pointer);
+  const unsigned char* base = shared_base();
+  if (p >= base && p < base + g_run->shared_bytes) return static_cast<uint32_t>(p - base);
+  // A `static` shared variable: an offset from the program's data, far above the dynamic range.
+  const int64_t offset = p - &g_static_window_anchor;
+  if (offset < -(int64_t{1} << 29) || offset >= (int64_t{1} << 29)) {
+    fail("a shared-window address of memory that is not shared");
+  }
+  return static_cast<uint32_t>(kStaticWindowBase + offset);
+}
+
+unsigned char* shared_pointer(uint32_t window_address) {
+  if (window_address < kStaticWindowBase - (uint32_t{1} << 29)) {
+    if (window_address >= g_run->shared_bytes) fail("a shared-window address past the dynamic shared memory");
+    return shared_base() + window_address;
+  }
+  return const_cast<unsigned char*>(&g_static_window_anchor) +
+         (static_cast<int64_t>(window_address) - kStaticWindowBase);
+}
+
+void defer(AsyncUnit unit, std::function<void()> work) {
+  g_run->current->open_group[static_cast<int>(unit)].push_back(std::move(work));
+}
+
+void commit_deferred(AsyncUnit unit) {
+  Thread& self = *g_run->current;
+  const int u = static_cast<int>(unit);
+  self.groups[u].push_back(std::move(self.open_group[u]));
+  self.open_group[u].clear();
+}
+
+void complete_deferred(AsyncUnit unit, int pending) {
+  complete_groups(*g_run->current, static_cast<int>(unit), static_cast<size_t>(pending < 0 ? 0 : pending));
+}
+
+void named_barrier(int id, int threads, bool wait) {
+  if (id < 1 || id > 15 || threads < 1 || threads > g_run->grid.threads) fail("named barrier id or thread count");
+  Thread& self = *g_run->current;
+  NamedBarrier& barrier = g_run->block.named[id];
+  const uint64_t generation = barrier.generation;
+  if (++barrier.arrived == threads) {
+    barrier.arrived = 0;
+    ++barrier.generation;
+    return;
+  }
+  if (!wait) return;
+  self.wait = Wait::kNamedBarrier;
+  self.named_barrier = id;
+  self.wait_generation = generation;
+  while (blocked(self)) yield();
+  self.wait = Wait::kNone;
+}
 
 void require_exactly_lanes(uint64_t mask) {
   for (int lane = 0; lane < kWaveSize; ++lane) {

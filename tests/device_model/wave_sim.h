@@ -112,6 +112,24 @@ const ChipModel& chip();
 // The last launch's error code (0 if none), cleared by reading.
 int take_last_error();
 
+// ---- shared memory addresses, asynchronous copies, named barriers (the NVIDIA model) -------------------
+// The 32-bit shared-window address of a shared variable (cvta.to.shared), and back. The running kernel's
+// dynamic shared memory sits at window addresses [0, its size) (below 2^18, as on the hardware, for the
+// wgmma descriptors' 14-bit address fields); `static` shared variables elsewhere.
+uint32_t shared_window_address(const void* shared_pointer);
+unsigned char* shared_pointer(uint32_t window_address);
+// Work the hardware does asynchronously to the thread that issued it (cp.async copies, wgmma products), kept
+// per thread and unit: `defer` adds to the calling thread's open group, `commit_deferred` closes the group
+// (possibly empty), `complete_deferred` does every group but the `pending` most recent -- as late as the
+// hardware may do it, so a read before the wait sees the old contents. A thread that ends does the rest.
+enum class AsyncUnit : int { kCopy = 0, kMatrix = 1 };
+void defer(AsyncUnit unit, std::function<void()> work);
+void commit_deferred(AsyncUnit unit);
+void complete_deferred(AsyncUnit unit, int pending);
+// bar.sync / bar.arrive: barrier `id` (1..15; 0 is __syncthreads) of the block completes when `threads`
+// threads have arrived; sync waits for that, arrive does not.
+void named_barrier(int id, int threads, bool wait);
+
 // ---- CDNA matrix and conversion instructions, per the ISA's definitions, lane by lane ---------
 // (cdna_instructions.cpp, in the wave64 programs.) Every lane of the wave calls these at once (a wave
 // operation at `site`, see wave_exchange). Operands are the lane's registers as raw 32-bit words; the
@@ -143,5 +161,26 @@ void mma_m16n8k16_bf16(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b
 uint16_t cvt_rn_satfinite_e4m3x2_f32(float high, float low);
 // cvt.rn.f16x2.e4m3x2 of each 16-bit half of `four_codes`.
 void cvt_rn_f16x2_e4m3x2_halves(uint32_t four_codes, uint32_t& first, uint32_t& second);
+// cvt.rn.bf16x2.f32 (NaN to 0x7FFF) and cvt.f32.f16 of each half.
+uint32_t cvt_rn_bf16x2_f32(float high, float low);
+void cvt_f32_f16_halves(uint32_t halves, float& low, float& high);
+// prmt.b32 d, x, 0, selector in the default mode.
+uint32_t prmt_b32(uint32_t x, uint32_t y, uint32_t selector);
+// ldmatrix.sync.aligned.m8n8.x4(.trans).shared.b16: every lane of the warp at once (a wave operation at
+// `site`); lane l gives the address of row l % 8 of matrix l / 8.
+void ldmatrix_x4(uint32_t (&r)[4], uint32_t window_address, bool transpose, const void* site);
+// wgmma.mma_async with both operands in shared memory (descriptors as the PTX ISA defines them: start
+// address, leading and stride byte offsets, swizzle mode; the swizzled layouts only), fp32 accumulators:
+// d (+)= A[64 x K] B[K x n], this thread's share of D in the wgmma accumulator layout (its warp's 16 of the
+// warpgroup's 64 rows). A is K-major; B K-major, or MN-major where `b_mn_major` (16-bit elements). K = 16
+// for 16-bit elements, 32 for e4m3 (OCP). Deferred (AsyncUnit::kMatrix): the unit may read its operands
+// until the thread waits for the group, so the product is taken then; `d` must stay in place until that wait.
+enum class MatrixElement : int { kBf16, kF16, kE4m3 };
+void wgmma(float* d, int n, uint64_t a_descriptor, uint64_t b_descriptor, bool accumulate, MatrixElement element,
+           bool b_mn_major);
+// The same with A from registers (f16: the m16n8k16 A fragment of the warp's 16 rows, 4 words a thread),
+// B K-major f16: a wave operation at `site` when issued (the registers are read then).
+void wgmma_a_registers_f16(float* d, int n, const uint32_t (&a)[4], uint64_t b_descriptor, bool accumulate,
+                           const void* site);
 
 }  // namespace dsv4_sim

@@ -182,9 +182,7 @@ DSV4_DEVICE FragB load_b_kmajor(const uint16_t* base, int ld, int lane) {
   const uint16_t* row = base + (8 * (matrix % 2) + lane % 8) * ld + 8 * (matrix / 2);
   const uint32_t address = shared_window_address(row);
   FragB b;
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(b.r[0]), "=r"(b.r[1]), "=r"(b.r[2]), "=r"(b.r[3])
-               : "r"(address));
+  ptx::ldmatrix_m8n8_x4_trans_b16(b.r, address);
   return b;
 #else
   const uint16_t* p = base + 2 * (lane % 4) * ld + lane / 4;
@@ -198,10 +196,8 @@ DSV4_DEVICE void mma(Acc& c, const FragA& a, const FragB& b) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%0,%1,%2,%3};\n"
-        : "+f"(c.v[4 * h + 0]), "+f"(c.v[4 * h + 1]), "+f"(c.v[4 * h + 2]), "+f"(c.v[4 * h + 3])
-        : "r"(a.r[0]), "r"(a.r[1]), "r"(a.r[2]), "r"(a.r[3]), "r"(b.r[2 * h]), "r"(b.r[2 * h + 1]));
+    // Accumulators 4h..4h+3 in place (copies of them cost the scheduler extra moves).
+    ptx::mma_m16n8k16_bf16(*reinterpret_cast<float(*)[4]>(&c.v[4 * h]), a.r, {b.r[2 * h], b.r[2 * h + 1]});
   }
 #else
   (void)c, (void)a, (void)b;
@@ -243,9 +239,7 @@ DSV4_DEVICE float table_value(Fp8Format format, uint8_t code) {
 // of the byte of x that nibble i of kSelector names (its low 3 bits).
 template <uint32_t kSelector>
 DSV4_DEVICE uint32_t byte_sign_masks(uint32_t x) {
-  uint32_t masks;
-  asm("prmt.b32 %0, %1, 0, %2;" : "=r"(masks) : "r"(x), "n"(kSelector));
-  return masks;
+  return ptx::prmt_b32_with_zero<kSelector>(x);
 }
 #endif
 
@@ -266,9 +260,7 @@ DSV4_DEVICE uint32_t scrub_bf16x2(uint32_t word) {
 // elsewhere the shared software rounding (the same bits for every non-NaN value; NaN is scrubbed anyway).
 DSV4_DEVICE uint32_t bf16x2(float low, float high) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  uint32_t packed;
-  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(packed) : "f"(high), "f"(low));
-  return packed;
+  return ptx::cvt_rn_bf16x2_f32(high, low);
 #else
   return float_to_bf16_bits(low) | (float_to_bf16_bits(high) << 16);
 #endif
@@ -322,10 +314,7 @@ DSV4_DEVICE uint4 decode_fp8x8(uint2 codes, uint32_t scale_byte, const float (*t
 
 // An f16 pair (low half first) to fp32.
 DSV4_DEVICE void f16x2_to_float2(uint32_t halves, float& low, float& high) {
-  asm("{\n .reg .b16 half_low, half_high;\n mov.b32 {half_low, half_high}, %2;\n cvt.f32.f16 %0, half_low;\n"
-      " cvt.f32.f16 %1, half_high;\n}"
-      : "=f"(low), "=f"(high)
-      : "r"(halves));
+  ptx::cvt_f32_f16_halves(halves, low, high);
 }
 
 // decode_fp8x8 for an OCP block. The NaN codes (0x7f, 0xff) become 0x00 first, +0 like their table entry.
@@ -1089,12 +1078,8 @@ static_assert(offsetof(WgmmaShared, keys) == sizeof(WgmmaShared::q) &&
 static_assert(kWgSharedBytes <= 227 * 1024, "an sm_90 block's shared memory");
 
 #if defined(DSV4_WGMMA)
-DSV4_DEVICE void named_barrier_sync(int id, int threads) {
-  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
-}
-DSV4_DEVICE void named_barrier_arrive(int id, int threads) {
-  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
-}
+DSV4_DEVICE void named_barrier_sync(int id, int threads) { ptx::bar_sync(id, threads); }
+DSV4_DEVICE void named_barrier_arrive(int id, int threads) { ptx::bar_arrive(id, threads); }
 
 // Offset of 16-byte chunk `chunk` (dims [8 chunk, +8)) of row `row` in a tile of 128-byte swizzled planes.
 DSV4_DEVICE uint32_t swizzled_chunk_offset(int row, int chunk, int plane_bytes) {

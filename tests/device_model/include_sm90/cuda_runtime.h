@@ -42,7 +42,8 @@ DSV4_SIM_WAVE_OPERATION void __syncwarp(unsigned mask = 0xffffffffu) {
   ::dsv4_sim::require_exactly_lanes(mask);
 }
 
-// ---- loads and traps ------------------------------------------------------------------------------
+// ---- shared-window addresses, loads and traps ------------------------------------------------------------------------------
+inline size_t __cvta_generic_to_shared(const void* pointer) { return ::dsv4_sim::shared_window_address(pointer); }
 template <typename T>
 T __ldcg(const T* address) {
   return *address;
@@ -52,7 +53,11 @@ T __ldcg(const T* address) {
 // ---- the runtime API the launchers call ------------------------------------------------------------
 using cudaStream_t = struct dsv4_sim_stream*;
 enum cudaError_t { cudaSuccess = 0, cudaErrorInvalidValue = 1, cudaErrorInvalidConfiguration = 9 };
-enum cudaDeviceAttr { cudaDevAttrMultiProcessorCount = 16 };
+enum cudaDeviceAttr {
+  cudaDevAttrMultiProcessorCount = 16,
+  cudaDevAttrComputeCapabilityMajor = 75,
+  cudaDevAttrComputeCapabilityMinor = 76,
+};
 enum cudaFuncAttribute { cudaFuncAttributeMaxDynamicSharedMemorySize = 8 };
 
 // The launchers' error query ends their launches: whatever the model held back runs first.
@@ -67,10 +72,20 @@ inline cudaError_t cudaGetDevice(int* device) {
   *device = 0;
   return cudaSuccess;
 }
+// An H100 / H200: compute capability 9.0.
 inline cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attribute, int) {
-  if (attribute != cudaDevAttrMultiProcessorCount) return cudaErrorInvalidValue;
-  *value = ::dsv4_sim::chip().compute_units;
-  return cudaSuccess;
+  switch (attribute) {
+    case cudaDevAttrMultiProcessorCount:
+      *value = ::dsv4_sim::chip().compute_units;
+      return cudaSuccess;
+    case cudaDevAttrComputeCapabilityMajor:
+      *value = 9;
+      return cudaSuccess;
+    case cudaDevAttrComputeCapabilityMinor:
+      *value = 0;
+      return cudaSuccess;
+  }
+  return cudaErrorInvalidValue;
 }
 // Two blocks per multiprocessor, whatever the kernel: the grids sized by it stay small.
 template <typename Kernel>

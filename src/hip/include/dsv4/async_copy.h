@@ -6,6 +6,7 @@
 #pragma once
 
 #include "dsv4/platform.h"
+#include "dsv4/ptx.h"
 
 #if DSV4_GPU_COMPILER && !defined(__HIPCC__)
 namespace dsv4 {
@@ -18,39 +19,34 @@ DSV4_DEVICE uint32_t shared_window_address(const void* shared_pointer) {
 
 #if defined(__CUDA_ARCH__)
 DSV4_DEVICE void copy_async_16(uint32_t shared_address, const void* global_address) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(shared_address), "l"(global_address) : "memory");
+  ptx::cp_async_cg_16(shared_address, global_address);
 }
 // copy_async_16 for a stream read once in pieces (a weight's rows, a K block at a time): the hint has the
 // device-wide cache fetch the whole 256-byte span around the piece, so the DRAM sees longer runs of a row.
 DSV4_DEVICE void copy_async_16_stream(uint32_t shared_address, const void* global_address) {
-  asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16;\n" ::"r"(shared_address), "l"(global_address)
-               : "memory");
+  ptx::cp_async_cg_16_l2_256b(shared_address, global_address);
 }
 // 16 bytes where `present`, else 16 zero bytes (nothing is read).
 DSV4_DEVICE void copy_async_16_or_zeros(uint32_t shared_address, const void* global_address, bool present) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(shared_address), "l"(global_address),
-               "r"(present ? 16 : 0)
-               : "memory");
+  ptx::cp_async_cg_16_src_size(shared_address, global_address, present ? 16 : 0);
 }
 // 8 bytes (copies under 16 bytes go through L1: .ca).
 DSV4_DEVICE void copy_async_8(uint32_t shared_address, const void* global_address) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 8;\n" ::"r"(shared_address), "l"(global_address) : "memory");
+  ptx::cp_async_ca_8(shared_address, global_address);
 }
 // Closes the thread's group of the copies issued since its last commit (an empty group where there were none).
-DSV4_DEVICE void copy_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+DSV4_DEVICE void copy_async_commit() { ptx::cp_async_commit_group(); }
 // Waits until at most kPending of the thread's committed groups are still in flight.
 template <int kPending>
 DSV4_DEVICE void copy_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
+  ptx::cp_async_wait_group<kPending>();
 }
 #if __CUDA_ARCH__ >= 750
 // ldmatrix .x4 (no transpose) from a shared-window address: lane l gives the address of row l % 8 of 8x8 matrix
 // l / 8 (16-byte rows, 16-byte aligned; the callers place the four matrices); register i then holds matrix i's
 // row lane / 4, b16 elements 2 (lane % 4) and + 1.
 DSV4_DEVICE void ldmatrix_x4(uint32_t (&r)[4], uint32_t shared_address) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(shared_address));
+  ptx::ldmatrix_m8n8_x4_b16(r, shared_address);
 }
 #endif
 #else

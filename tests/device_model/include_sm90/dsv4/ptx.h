@@ -4,8 +4,13 @@
 #pragma once
 
 #include <cstdint>
+#include <cstring>
 
 #include "dsv4/platform.h"
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define DSV4_WGMMA 1
+#endif
 
 namespace dsv4::ptx {
 
@@ -32,5 +37,86 @@ DSV4_DEVICE void griddepcontrol_launch_dependents() {}
 [[noreturn]] inline float ld_shared_cluster_f32(uint32_t, uint32_t) {
   ::dsv4_sim::model_error("thread block clusters are not modelled");
 }
+
+// ---- asynchronous copies and matrix loads ----------------------------------------------------------------
+DSV4_DEVICE void cp_async_cg_16_src_size(uint32_t shared_address, const void* global_address, uint32_t src_size) {
+  unsigned char* destination = ::dsv4_sim::shared_pointer(shared_address);
+  const auto* source = static_cast<const unsigned char*>(global_address);
+  ::dsv4_sim::defer(::dsv4_sim::AsyncUnit::kCopy, [destination, source, src_size] {
+    std::memcpy(destination, source, src_size);
+    std::memset(destination + src_size, 0, 16 - src_size);
+  });
+}
+DSV4_DEVICE void cp_async_cg_16(uint32_t shared_address, const void* global_address) {
+  cp_async_cg_16_src_size(shared_address, global_address, 16);
+}
+DSV4_DEVICE void cp_async_cg_16_l2_256b(uint32_t shared_address, const void* global_address) {
+  cp_async_cg_16_src_size(shared_address, global_address, 16);
+}
+DSV4_DEVICE void cp_async_ca_8(uint32_t shared_address, const void* global_address) {
+  unsigned char* destination = ::dsv4_sim::shared_pointer(shared_address);
+  const auto* source = static_cast<const unsigned char*>(global_address);
+  ::dsv4_sim::defer(::dsv4_sim::AsyncUnit::kCopy, [destination, source] { std::memcpy(destination, source, 8); });
+}
+DSV4_DEVICE void cp_async_commit_group() { ::dsv4_sim::commit_deferred(::dsv4_sim::AsyncUnit::kCopy); }
+template <int kPending>
+DSV4_DEVICE void cp_async_wait_group() {
+  ::dsv4_sim::complete_deferred(::dsv4_sim::AsyncUnit::kCopy, kPending);
+}
+DSV4_SIM_WAVE_OPERATION void ldmatrix_m8n8_x4_b16(uint32_t (&r)[4], uint32_t shared_address) {
+  ::dsv4_sim::ldmatrix_x4(r, shared_address, false, ::dsv4_sim::call_site());
+}
+DSV4_SIM_WAVE_OPERATION void ldmatrix_m8n8_x4_trans_b16(uint32_t (&r)[4], uint32_t shared_address) {
+  ::dsv4_sim::ldmatrix_x4(r, shared_address, true, ::dsv4_sim::call_site());
+}
+
+// ---- conversions and byte permutes --------------------------------------------------------------------
+DSV4_DEVICE uint32_t cvt_rn_bf16x2_f32(float high, float low) { return ::dsv4_sim::cvt_rn_bf16x2_f32(high, low); }
+DSV4_DEVICE void cvt_f32_f16_halves(uint32_t halves, float& low, float& high) {
+  ::dsv4_sim::cvt_f32_f16_halves(halves, low, high);
+}
+template <uint32_t kSelector>
+DSV4_DEVICE uint32_t prmt_b32_with_zero(uint32_t x) {
+  return ::dsv4_sim::prmt_b32(x, 0, kSelector);
+}
+
+// ---- named barriers ---------------------------------------------------------------------------------
+DSV4_DEVICE void bar_sync(int id, int threads) { ::dsv4_sim::named_barrier(id, threads, true); }
+DSV4_DEVICE void bar_arrive(int id, int threads) { ::dsv4_sim::named_barrier(id, threads, false); }
+
+#if defined(DSV4_WGMMA)
+// ---- warpgroup MMA ------------------------------------------------------------------------------------
+DSV4_DEVICE void wgmma_m64n64k32(float (&d)[32], uint64_t a_desc, uint64_t b_desc, uint32_t accumulate) {
+  ::dsv4_sim::wgmma(d, 64, a_desc, b_desc, accumulate != 0, ::dsv4_sim::MatrixElement::kE4m3, false);
+}
+DSV4_DEVICE void wgmma_m64n128k32(float (&d)[64], uint64_t a_desc, uint64_t b_desc, uint32_t accumulate) {
+  ::dsv4_sim::wgmma(d, 128, a_desc, b_desc, accumulate != 0, ::dsv4_sim::MatrixElement::kE4m3, false);
+}
+DSV4_SIM_WAVE_OPERATION void wgmma_m64n64k16_f16_rs(float (&d)[32], const uint32_t (&a)[4], uint64_t b_desc,
+                                                     uint32_t accumulate) {
+  ::dsv4_sim::wgmma_a_registers_f16(d, 64, a, b_desc, accumulate != 0, ::dsv4_sim::call_site());
+}
+DSV4_SIM_WAVE_OPERATION void wgmma_m64n128k16_f16_rs(float (&d)[64], const uint32_t (&a)[4], uint64_t b_desc,
+                                                      uint32_t accumulate) {
+  ::dsv4_sim::wgmma_a_registers_f16(d, 128, a, b_desc, accumulate != 0, ::dsv4_sim::call_site());
+}
+DSV4_DEVICE void wgmma_m64n16k16_bf16(float (&d)[8], uint64_t a_desc, uint64_t b_desc, uint32_t accumulate) {
+  ::dsv4_sim::wgmma(d, 16, a_desc, b_desc, accumulate != 0, ::dsv4_sim::MatrixElement::kBf16, false);
+}
+DSV4_DEVICE void wgmma_m64n256k16_bf16_b_mn_major(float (&d)[128], uint64_t a_desc, uint64_t b_desc,
+                                                  uint32_t accumulate) {
+  ::dsv4_sim::wgmma(d, 256, a_desc, b_desc, accumulate != 0, ::dsv4_sim::MatrixElement::kBf16, true);
+}
+// Memory and register ordering: every access happens in program order here.
+DSV4_DEVICE void fence_shared_writes_for_wgmma() {}
+DSV4_DEVICE void wgmma_fence() {}
+DSV4_DEVICE void wgmma_commit() { ::dsv4_sim::commit_deferred(::dsv4_sim::AsyncUnit::kMatrix); }
+template <int kPending>
+DSV4_DEVICE void wgmma_wait() {
+  ::dsv4_sim::complete_deferred(::dsv4_sim::AsyncUnit::kMatrix, kPending);
+}
+template <int kCount>
+DSV4_DEVICE void pin_registers(float (&)[kCount]) {}
+#endif  // DSV4_WGMMA
 
 }  // namespace dsv4::ptx
