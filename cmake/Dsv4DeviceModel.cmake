@@ -13,8 +13,6 @@
 # the inline functions of the shared numerics headers are compiled there with a device path selected, and
 # must not stand in for the CPU library's own copies (or the other way round) at the final link.
 #
-# The sm_90a model does not run the indexer logits and the wo_a GEMM yet: their tensor-memory copies, mbarriers
-# and thread block clusters are not modelled (and their PTX is still inline, not behind dsv4/ptx.h).
 
 option(DSV4OPS_DEVICE_MODEL "run the kernels' device paths on the CPU (tests/device_model; needs a host clang)" ON)
 if(NOT DSV4OPS_DEVICE_MODEL)
@@ -49,11 +47,11 @@ set(_cdna_tests cdna_model sim_bmm sim_indexer_logits sim_indexer_topk sim_kv_ca
                 sim_wo_a_quant)
 set(_chip_gfx942_tests ${_cdna_tests})
 set(_chip_gfx950_tests ${_cdna_tests})
-set(_chip_sm90a_tests sm90_model sim_indexer_topk sim_kv_cache_fp8 sim_mhc sim_sparse_mla sim_wo_a_quant)
+set(_chip_sm90a_tests ${_cdna_tests})
+list(TRANSFORM _chip_sm90a_tests REPLACE "^cdna_model$" "sm90_model")
 set(_chip_gfx942_kernels ${DSV4OPS_KERNEL_SOURCES})
 set(_chip_gfx950_kernels ${DSV4OPS_KERNEL_SOURCES})
 set(_chip_sm90a_kernels ${DSV4OPS_KERNEL_SOURCES})
-list(FILTER _chip_sm90a_kernels EXCLUDE REGEX "/(indexer_logits|bmm_a8w8_mxscale)\\.hip$")
 
 # ${output}: the kernels of `chip` as one object exporting only the launchers; ARGN: extra compile flags.
 function(dsv4_model_kernels output chip variant)

@@ -18,8 +18,9 @@
 #define __noinline__ __attribute__((noinline))
 #define __launch_bounds__(...)
 #define __align__(n) __attribute__((aligned(n)))
-// Blocks run one at a time, each to its end: a static local is the block's shared variable.
-#define __shared__ static
+// Blocks run one at a time, each to its end (but those of a thread block cluster, which swap copies of the
+// section in turn): a static local is the block's shared variable.
+#define __shared__ static __attribute__((section("dsv4_static_shared")))
 // `extern __shared__` arrays (see dsv4/platform.h): the block's dynamic shared memory.
 #define DSV4_DYNAMIC_SHARED(type, name, alignment) \
   type* const name = static_cast<type*>(::dsv4_sim::dynamic_shared_memory())
@@ -56,6 +57,9 @@ inline const ::dsv4_sim::Index3& gridDim = ::dsv4_sim::running_grid_dim;
 
 // ---- block and wave operations ------------------------------------------------------------------
 inline void __syncthreads() { ::dsv4_sim::sync_block(); }
+inline int __syncthreads_count(int predicate) { return ::dsv4_sim::sync_block_count(predicate); }
+inline int __syncthreads_or(int predicate) { return ::dsv4_sim::sync_block_count(predicate) != 0; }
+inline int __syncthreads_and(int predicate) { return ::dsv4_sim::sync_block_count(!predicate) == 0; }
 
 namespace dsv4_sim {
 // The value of lane `source` of the caller's last wave operation, as T.
@@ -99,13 +103,14 @@ inline float __frcp_rn(float a) { return 1.0f / a; }
 namespace dsv4_sim {
 template <typename... Params, typename... Args>
 int launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, size_t shared_bytes, bool overlapping,
-                  const Args&... args) {
+                  int cluster_blocks, const Args&... args) {
   return launch(Launch{{grid.x, grid.y, grid.z},
                        {block.x, block.y, block.z},
                        shared_bytes,
                        [kernel, args...]() { kernel(args...); },  // copies, as a launch's parameters are
                        reinterpret_cast<const void*>(kernel),
-                       overlapping});
+                       overlapping,
+                       cluster_blocks});
 }
 
 template <typename To, typename From>

@@ -1,4 +1,5 @@
 // The NVIDIA PTX instructions of wave_sim.h, lane by lane, on the 32-lane model's wave exchange.
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <vector>
@@ -48,6 +49,33 @@ void mma_m16n8k16_bf16(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b
       const MmaFragments b_lane = fragments_of(4 * col + (k % 8) / 2);
       sum += static_cast<double>(bf16_half(a_lane.a[row / 8 + 2 * (k / 8)], k % 2)) *
              bf16_half(b_lane.b[k / 8], k % 2);
+    }
+    d[e] = static_cast<float>(static_cast<double>(d[e]) + sum);
+  }
+}
+
+void mma_m16n8k32_e4m3(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2], const void* site) {
+  MmaFragments mine;
+  std::memcpy(mine.a, a, sizeof mine.a);
+  std::memcpy(mine.b, b, sizeof mine.b);
+  wave_exchange(&mine, sizeof mine, kWaveSize, site);
+  // A[row][k] sits in lane 4 (row % 8) + (k % 16) / 4, register (row / 8) + 2 (k / 16), byte k % 4; B[k][col]
+  // in lane 4 col + (k % 16) / 4, register k / 16, byte k % 4.
+  const auto fragments_of = [](int lane) {
+    MmaFragments f;
+    std::memcpy(&f, deposit_of(lane), sizeof f);
+    return f;
+  };
+  const auto code = [](uint32_t word, int k) { return static_cast<uint8_t>(word >> (8 * (k % 4))); };
+  const int lane = lane_id(), group = lane / 4, thread_in_group = lane % 4;
+  for (int e = 0; e < 4; ++e) {
+    const int row = group + 8 * (e / 2), col = 2 * thread_in_group + e % 2;
+    double sum = 0.0;
+    for (int k = 0; k < 32; ++k) {
+      const MmaFragments a_lane = fragments_of(4 * (row % 8) + (k % 16) / 4);
+      const MmaFragments b_lane = fragments_of(4 * col + (k % 16) / 4);
+      sum += static_cast<double>(dsv4::fp8_decode<dsv4::Fp8Format::kOCP>(code(a_lane.a[row / 8 + 2 * (k / 16)], k))) *
+             dsv4::fp8_decode<dsv4::Fp8Format::kOCP>(code(b_lane.b[k / 16], k));
     }
     d[e] = static_cast<float>(static_cast<double>(d[e]) + sum);
   }
@@ -104,6 +132,36 @@ float f16_value(uint16_t bits) {
 void cvt_f32_f16_halves(uint32_t halves, float& low, float& high) {
   low = f16_value(static_cast<uint16_t>(halves));
   high = f16_value(static_cast<uint16_t>(halves >> 16));
+}
+
+namespace {
+// An fp32 value to f16 bits, rounded to nearest even (the product of two f16 is exact in double, so rounding
+// it once from there is the instruction's rounding).
+uint16_t f16_bits(double value) {
+  const uint16_t sign = std::signbit(value) ? 0x8000u : 0u;
+  const double magnitude = std::fabs(value);
+  if (std::isnan(value)) return 0x7FFFu;
+  if (magnitude >= 65520.0) return sign | 0x7C00u;  // past the largest finite value by half its step: Inf
+  int exponent;
+  std::frexp(magnitude, &exponent);  // magnitude in [2^(exponent - 1), 2^exponent)
+  const int step_exponent = std::max(exponent - 11, -24);  // 11 significant bits; subnormals step 2^-24
+  const double steps = std::nearbyint(std::ldexp(magnitude, -step_exponent));  // ties to even (default mode)
+  const double rounded = std::ldexp(steps, step_exponent);
+  if (rounded == 0.0) return sign;
+  int rounded_exponent;
+  std::frexp(rounded, &rounded_exponent);
+  if (rounded_exponent <= -14) return sign | static_cast<uint16_t>(std::ldexp(rounded, 24));  // subnormal
+  const uint16_t biased = static_cast<uint16_t>(rounded_exponent - 1 + 15);
+  const uint16_t mantissa = static_cast<uint16_t>(std::ldexp(rounded, 11 - rounded_exponent)) & 0x3FFu;
+  return sign | static_cast<uint16_t>(biased << 10) | mantissa;
+}
+}  // namespace
+
+uint32_t mul_rn_f16x2(uint32_t a, uint32_t b) {
+  const auto product = [](uint32_t x, uint32_t y) {
+    return f16_bits(static_cast<double>(f16_value(static_cast<uint16_t>(x))) * f16_value(static_cast<uint16_t>(y)));
+  };
+  return product(a, b) | (static_cast<uint32_t>(product(a >> 16, b >> 16)) << 16);
 }
 
 uint32_t prmt_b32(uint32_t x, uint32_t y, uint32_t selector) {

@@ -24,6 +24,7 @@ struct Problem {
   Fp8Format x_format, w_format;
   int64_t x_stride_m, x_stride_g;  // elements; 0: token-major contiguous
   bool out_fp32;
+  bool reduced_precision = false;  // the op's reduced_precision_block_sums
   std::vector<uint8_t> x, w, x_scale, w_scale;
 
   Problem(Random& random, int64_t m_, int64_t groups_, int64_t n_, int64_t k_, Fp8Format xf, Fp8Format wf,
@@ -48,7 +49,7 @@ struct Problem {
   dsv4::BmmA8W8MxScaleArgs args(void* out) const {
     return {x.data(), x_stride_m, x_stride_g, x_format, w.data(), n * k, k, w_format, x_scale.data(),
             groups * (k / 128), k / 128, w_scale.data(), (n / 128) * (k / 128), k / 128, out, out_fp32,
-            groups * n, n, m, groups, n, k, false};
+            groups * n, n, m, groups, n, k, reduced_precision};
   }
 
   // Per output, sum over k of |x w| times the block scales (in double): the scale of the fp32 sums' error.
@@ -113,6 +114,26 @@ TEST(ModelWoA, BmmInTheChipsEncodingMatchesCpu) {
       Problem p(random, m, 2, 256, 384, f, f, false, 0, fp32);
       check_gemm(p, name(p));
     }
+  }
+}
+
+// On sm_90a the warpgroup-MMA kernels (OCP operands; N = 1024): fp32 sums through f16 products, 128 x 128
+// tiles (M = 65, 16 groups), the weight as the MMA's M for 33-64 tokens with K split over a cluster of two
+// blocks (8 groups), 64 x 64 tiles split over a cluster of two (4 groups); the FP8 products with the
+// reduced-precision block sums (the model sums them exactly, as the CPU does). Elsewhere the same problems
+// through the chip's own kernels.
+TEST(ModelWoA, WarpgroupKernelShapes) {
+  Random random(38);
+  struct Shape {
+    int64_t m, groups, k;
+    bool reduced_precision;
+  };
+  for (Shape shape : {Shape{65, 16, 128, false}, Shape{40, 8, 256, false}, Shape{40, 4, 256, false},
+                      Shape{32, 4, 128, true}}) {
+    Problem p(random, shape.m, shape.groups, 1024, shape.k, Fp8Format::kOCP, Fp8Format::kOCP, false, 0, true);
+    p.reduced_precision = shape.reduced_precision;
+    check_gemm(p, name(p) + " groups " + std::to_string(shape.groups) +
+                      (shape.reduced_precision ? " reduced-precision sums" : ""));
   }
 }
 

@@ -1,7 +1,8 @@
 // The 32-lane (NVIDIA sm_90a) model itself: mma.sync against a plain matrix product with the PTX ISA's
-// fragment layout, the conversions, ldmatrix, asynchronous copies, named barriers, the *_sync mask rule, and
-// launches held back for programmatic dependent launch. (wgmma's layouts are checked by the kernel that uses
-// them: sparse MLA decode's warpgroup kernel, known good on the H200.) Also sets the chip the program models before any test runs.
+// fragment layout, the conversions, ldmatrix, asynchronous copies, named barriers, mbarriers, the *_sync mask
+// rule, and launches held back for programmatic dependent launch. (The layouts of wgmma and of TMA copies are
+// checked by the kernels that use them, known good on the H200: sparse MLA decode's warpgroup kernel and the
+// indexer's paged TMA kernel.) Also sets the chip the program models before any test runs.
 #include <functional>
 
 #include "sim_test_support.h"
@@ -154,6 +155,35 @@ TEST(WarpModel, NamedBarriersCountTheirThreads) {
     }
   });
   for (int t = 32; t < 96; ++t) EXPECT_EQ(seen[t], 42);
+}
+
+// An mbarrier phase completes when its arrivals and its transaction bytes are in: a bulk copy lands when a
+// thread waits for the phase, and the next phase waits again.
+TEST(WarpModel, MbarrierPhasesWaitForArrivalsAndBytes) {
+  static unsigned char shared[32];
+  static uint64_t barrier_word;
+  const std::vector<unsigned char> global(32, 9);
+  std::vector<int> seen(64, -1);
+  run_block(64, [&] {
+    const int t = static_cast<int>(dsv4_sim::thread_index().x);
+    const uint32_t barrier = dsv4_sim::shared_window_address(&barrier_word);
+    if (t == 0) {
+      std::memset(shared, 0, sizeof shared);
+      dsv4_sim::mbarrier_init(barrier, 1);
+    }
+    dsv4_sim::sync_block();
+    for (uint32_t phase = 0; phase < 2; ++phase) {
+      if (t == 0) {
+        dsv4_sim::mbarrier_arrive_expect_tx(barrier, 16);
+        dsv4_sim::mbarrier_bulk_copy(barrier, 16, [&, phase] { std::memcpy(shared + 16 * phase, global.data(), 16); });
+      }
+      dsv4_sim::mbarrier_wait_parity(barrier, phase % 2);
+      if (t == 63) seen[phase] = shared[16 * phase];
+      dsv4_sim::sync_block();
+    }
+  });
+  EXPECT_EQ(seen[0], 9);
+  EXPECT_EQ(seen[1], 9);
 }
 
 // Stream order with programmatic dependent launch: the first launch is held back; the second, launched to

@@ -2,8 +2,9 @@
 // machine without the GPU (tests/device_model): wave64 for gfx942 / gfx950, 32-lane warps for NVIDIA sm_90a
 // (kWaveSize, fixed per build by DSV4_SIM_WAVE_SIZE). Each thread of a block is a fiber; the block's threads
 // run one at a time on the calling OS thread and switch only where a thread waits for others: __syncthreads
-// and the wave-wide operations (shuffles, votes, matrix instructions). Blocks run one after another, so
-// `static` storage serves as shared memory.
+// and the wave-wide operations (shuffles, votes, matrix instructions). Blocks run one after another (the
+// blocks of a thread block cluster together), so `static` storage serves as shared memory: the shims put it
+// in one section, of which each block of a cluster has its own copy while the cluster runs.
 //
 // What it checks beyond the kernel's results: a wave operation that reads a lane that did not take
 // part aborts, as does a wave whose lanes wait at two different wave operations of one lane group at
@@ -51,11 +52,23 @@ extern Index3 running_block_dim;
 extern Index3 running_grid_dim;
 int lane_id();
 
+// Thread block clusters (NVIDIA): the calling block's rank in its cluster; the cluster barrier
+// (barrier.cluster.arrive.release + wait.acquire: every thread of the cluster's blocks); a float of the
+// shared memory of the cluster's block `rank` at the window address that names it in the caller's own (mapa
+// + ld.shared::cluster). Blocks of a cluster run at the same time; each has its own shared memory, its
+// `static` shared variables included.
+int cluster_rank();
+void sync_cluster();
+float load_cluster_shared_f32(uint32_t window_address, int rank);
+
 // The block's dynamic shared memory, aligned to kSharedAlignment bytes (the most a kernel asks for).
 inline constexpr size_t kSharedAlignment = 1024;
 void* dynamic_shared_memory();
 
 void sync_block();
+// __syncthreads_count: the barrier, then the number of the block's threads that arrived with a nonzero
+// predicate.
+int sync_block_count(int predicate);
 
 // A wave operation over the caller's aligned group of `width` lanes (a power of two <= kWaveSize): deposits
 // `bytes` bytes (at most kSlotBytes) for the calling lane and waits for the group's other live lanes to do
@@ -88,6 +101,7 @@ struct Launch {
   std::function<void()> body;
   const void* kernel;
   bool overlapping;
+  int cluster_blocks = 1;  // thread block clusters: blocks x .. x + cluster_blocks - 1 run together
 };
 // Checks the configuration (returns nonzero, as run_grid, if the runtime would refuse it) and runs the
 // launch in stream order. Every other launch since the last finish_launches() (the first, third, ... one,
@@ -126,6 +140,14 @@ enum class AsyncUnit : int { kCopy = 0, kMatrix = 1 };
 void defer(AsyncUnit unit, std::function<void()> work);
 void commit_deferred(AsyncUnit unit);
 void complete_deferred(AsyncUnit unit, int pending);
+// mbarriers (sm_90), by window address, per block: init with the arrivals a phase expects; arrive (with
+// expect_tx: `bytes` more transaction bytes for the phase); a bulk copy whose bytes complete on the barrier,
+// done when a thread waits on it (as late as the hardware may do it); and the wait for the completion of the
+// phase of parity `parity`, which blocks until then (a kernel's try_wait loop ends at once).
+void mbarrier_init(uint32_t barrier, uint32_t arrivals);
+void mbarrier_arrive_expect_tx(uint32_t barrier, uint32_t bytes);
+void mbarrier_bulk_copy(uint32_t barrier, uint32_t bytes, std::function<void()> copy);
+void mbarrier_wait_parity(uint32_t barrier, uint32_t parity);
 // bar.sync / bar.arrive: barrier `id` (1..15; 0 is __syncthreads) of the block completes when `threads`
 // threads have arrived; sync waits for that, arrive does not.
 void named_barrier(int id, int threads, bool wait);
@@ -161,9 +183,14 @@ void mma_m16n8k16_bf16(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b
 uint16_t cvt_rn_satfinite_e4m3x2_f32(float high, float low);
 // cvt.rn.f16x2.e4m3x2 of each 16-bit half of `four_codes`.
 void cvt_rn_f16x2_e4m3x2_halves(uint32_t four_codes, uint32_t& first, uint32_t& second);
+// mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 (OCP codes): a[0] = A[g][4t .. 4t + 3], a[1] = A[g + 8][..],
+// a[2], a[3] the same at k + 16; b[0] = B[4t .. 4t + 3][g], b[1] at k + 16; d as in m16n8k16.
+void mma_m16n8k32_e4m3(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2], const void* site);
 // cvt.rn.bf16x2.f32 (NaN to 0x7FFF) and cvt.f32.f16 of each half.
 uint32_t cvt_rn_bf16x2_f32(float high, float low);
 void cvt_f32_f16_halves(uint32_t halves, float& low, float& high);
+// mul.rn.f16x2: each half's product, rounded to f16 (nearest even).
+uint32_t mul_rn_f16x2(uint32_t a, uint32_t b);
 // prmt.b32 d, x, 0, selector in the default mode.
 uint32_t prmt_b32(uint32_t x, uint32_t y, uint32_t selector);
 // ldmatrix.sync.aligned.m8n8.x4(.trans).shared.b16: every lane of the warp at once (a wave operation at

@@ -225,13 +225,10 @@ DSV4_DEVICE void row_logits(const uint8_t* q, int64_t head_stride, const float* 
 #pragma unroll
       for (int ht = 0; ht < HT; ++ht) {
         // a0: row krow, k 4p..4p+3; a1: row krow+8, same k; a2/a3: k 16+4p..; b0: k 4p..; b1: k 16+4p..
-        asm(
-            "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-            "{%0,%1,%2,%3};\n"
-            : "+f"(acc[ht][0]), "+f"(acc[ht][1]), "+f"(acc[ht][2]), "+f"(acc[ht][3])
-            : "r"(static_cast<uint32_t>(a[ht][0][s])), "r"(static_cast<uint32_t>(a[ht][1][s])),
-              "r"(static_cast<uint32_t>(a[ht][0][s] >> 32)), "r"(static_cast<uint32_t>(a[ht][1][s] >> 32)),
-              "r"(b0), "r"(b1));
+        ptx::mma_m16n8k32_e4m3(acc[ht],
+                               {static_cast<uint32_t>(a[ht][0][s]), static_cast<uint32_t>(a[ht][1][s]),
+                                static_cast<uint32_t>(a[ht][0][s] >> 32), static_cast<uint32_t>(a[ht][1][s] >> 32)},
+                               {b0, b1});
       }
     }
     // c0, c1: head krow, keys 2p, 2p+1; c2, c3: head krow + 8, same keys.
@@ -808,16 +805,6 @@ constexpr uint32_t kTmaPresentOffset = kTmaScaleOffset + kTmaStages * kWgKeys * 
 constexpr uint32_t kTmaBarrierOffset = kTmaPresentOffset + kTmaStages * kTmaMaxBoxes;
 constexpr size_t kTmaSharedBytes = kTmaBarrierOffset + kTmaStages * 8 + 1024;  // + alignment
 
-DSV4_DEVICE bool mbarrier_try_wait(uint32_t barrier, uint32_t parity) {
-  uint32_t done;
-  asm volatile(
-      "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
-      : "=r"(done)
-      : "r"(barrier), "r"(parity)
-      : "memory");
-  return done != 0;
-}
-
 __global__ void __launch_bounds__(kWgThreads, 2)
     paged_logits_tma_kernel(PagedMqaLogitsArgs args, const __grid_constant__ CUtensorMap key_map,
                             int64_t tiles_per_block) {
@@ -825,7 +812,7 @@ __global__ void __launch_bounds__(kWgThreads, 2)
   // The tensor map is a launch parameter, not data of the kernel before: its descriptor is fetched while that
   // kernel finishes rather than by the first copy, which every block waits on.
   if (threadIdx.x == 0) {
-    asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&key_map)) : "memory");
+    ptx::prefetch_tensormap(reinterpret_cast<uint64_t>(&key_map));
   }
 #endif
   wait_for_previous_kernel();  // launched to overlap the kernel before it (launch_overlapping)
@@ -891,23 +878,15 @@ __global__ void __launch_bounds__(kWgThreads, 2)
     __syncwarp();  // the flags before lane 0's arrive, which releases them to the waiting threads
     const uint32_t copies = static_cast<uint32_t>(__popc(__ballot_sync(0xffffffffu, present)));
     if (lane == 0) {
-      asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(barrier),
-                   "r"(copies * static_cast<uint32_t>(block_size * (kWgDim + 4)))
-                   : "memory");
+      ptx::mbarrier_arrive_expect_tx(barrier, copies * static_cast<uint32_t>(block_size * (kWgDim + 4)));
     }
     if (present) {
       const uint32_t keys_destination = base + stage * kWgKeyBytes + static_cast<uint32_t>(lane * block_size * kWgDim);
-      asm volatile(
-          "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], "
-          "[%5];\n" ::"r"(keys_destination),
-          "l"(reinterpret_cast<uint64_t>(&key_map)), "r"(0), "r"(0), "r"(static_cast<int32_t>(cache_block)),
-          "r"(barrier)
-          : "memory");
+      ptx::cp_async_bulk_tensor_3d(keys_destination, reinterpret_cast<uint64_t>(&key_map), 0, 0,
+                                   static_cast<int32_t>(cache_block), barrier);
       const uint8_t* scales = args.cache + cache_block * args.block_stride + block_size * kWgDim;
-      asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
-                       base + kTmaScaleOffset + (stage * kWgKeys + static_cast<uint32_t>(lane * block_size)) * 4),
-                   "l"(scales), "r"(static_cast<uint32_t>(block_size * 4)), "r"(barrier)
-                   : "memory");
+      ptx::cp_async_bulk(base + kTmaScaleOffset + (stage * kWgKeys + static_cast<uint32_t>(lane * block_size)) * 4,
+                         scales, static_cast<uint32_t>(block_size * 4), barrier);
     }
   };
 
@@ -935,10 +914,8 @@ __global__ void __launch_bounds__(kWgThreads, 2)
         cache_blocks[i] = first + i < visible_end ? cache_block_of(first_entries[i]) : -1;
       }
       if (tid == 0) {
-        for (int s = 0; s < kTmaStages; ++s) {
-          asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(base + kTmaBarrierOffset + s * 8));
-        }
-        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+        for (int s = 0; s < kTmaStages; ++s) ptx::mbarrier_init<1>(base + kTmaBarrierOffset + s * 8);
+        ptx::fence_mbarrier_init_release_cluster();
       }
       __syncwarp();  // the barriers initialized before any lane's copy names them
 #pragma unroll
@@ -962,7 +939,7 @@ __global__ void __launch_bounds__(kWgThreads, 2)
     const int32_t next_cache_block = tid < 32 ? lookup_tile(i + kTmaStages) : -1;
     const uint32_t stage = static_cast<uint32_t>(i % kTmaStages);
     const uint32_t parity = static_cast<uint32_t>((i / kTmaStages) & 1);
-    while (!mbarrier_try_wait(base + kTmaBarrierOffset + stage * 8, parity)) {
+    while (!ptx::mbarrier_try_wait_parity(base + kTmaBarrierOffset + stage * 8, parity)) {
     }
     const bool key_present = key_inside && present_generic[stage * kTmaMaxBoxes + key_offset / block_size] != 0;
     const float key_scale = scales_generic[stage * kWgKeys + key_offset];

@@ -110,12 +110,9 @@ DSV4_DEVICE Frag16 load16(const uint8_t* p) {
 // NVIDIA: a_lo = row gid, a_hi = row gid + 8. AMD: a_lo = row i (a_hi unused).
 DSV4_DEVICE void mma_step(float* c, const Frag16& a_lo, const Frag16& a_hi, const Frag16& b, int s) {
 #if defined(DSV4_WO_A_MMA_NV)
-  asm volatile(
-      "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-      "{%0, %1, %2, %3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a_lo.u[2 * s]), "r"(a_hi.u[2 * s]), "r"(a_lo.u[2 * s + 1]), "r"(a_hi.u[2 * s + 1]), "r"(b.u[2 * s]),
-        "r"(b.u[2 * s + 1]));
+  ptx::mma_m16n8k32_e4m3(*reinterpret_cast<float(*)[4]>(c),
+                         {a_lo.u[2 * s], a_hi.u[2 * s], a_lo.u[2 * s + 1], a_hi.u[2 * s + 1]},
+                         {b.u[2 * s], b.u[2 * s + 1]});
 #elif defined(DSV4_WO_A_MFMA)
   typedef float Float4 __attribute__((ext_vector_type(4)));
   (void)a_hi;
@@ -1223,15 +1220,9 @@ DSV4_DEVICE uint32_t f16x2_inverse_power_of_two(int d) {
   return half | (half << 16);
 }
 
-DSV4_DEVICE uint32_t f16x2_multiply(uint32_t a, uint32_t b) {
-  uint32_t product;
-  asm("mul.rn.f16x2 %0, %1, %2;\n" : "=r"(product) : "r"(a), "r"(b));
-  return product;
-}
+DSV4_DEVICE uint32_t f16x2_multiply(uint32_t a, uint32_t b) { return ptx::mul_rn_f16x2(a, b); }
 
-DSV4_DEVICE void store_shared_f32(uint32_t address, float value) {
-  asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(address), "f"(value) : "memory");
-}
+DSV4_DEVICE void store_shared_f32(uint32_t address, float value) { ptx::st_shared_f32(address, value); }
 
 // K split over a cluster of kKSplit blocks: each block leaves its kAcc fp32 sums in its own shared memory at
 // `base` (entry i of thread t at word i * kThreads + t), and thread t adds the entries of its block's share,
@@ -1409,22 +1400,15 @@ __global__ void __launch_bounds__(128 * kWarpGroups) bmm_wgmma_f16_kernel(BmmA8W
     const uint32_t copy = copy_base + static_cast<uint32_t>(copy_index) * Shape::kCopyBytes + convert_target;
 #pragma unroll
     for (int j = 0; j < kBChunks; ++j) {
-      uint4 codes;
-      asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
-                   : "=r"(codes.x), "=r"(codes.y), "=r"(codes.z), "=r"(codes.w)
-                   : "r"(stage + static_cast<uint32_t>(j * Shape::kThreads * 16)));
+      const uint4 codes = ptx::ld_shared_v4_b32(stage + static_cast<uint32_t>(j * Shape::kThreads * 16));
       uint4 first, second;  // the low halves' slots then the high halves', in the order stored
       ocp_fp8x4_to_f16x4(__byte_perm(codes.x, 0u, halves_selector), first.x, second.x);
       ocp_fp8x4_to_f16x4(__byte_perm(codes.y, 0u, halves_selector), first.y, second.y);
       ocp_fp8x4_to_f16x4(__byte_perm(codes.z, 0u, halves_selector), first.z, second.z);
       ocp_fp8x4_to_f16x4(__byte_perm(codes.w, 0u, halves_selector), first.w, second.w);
       const uint32_t row_at = copy + static_cast<uint32_t>(j * kRowsPerCopy * 128);
-      asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(row_at + convert_first), "r"(first.x),
-                   "r"(first.y), "r"(first.z), "r"(first.w)
-                   : "memory");
-      asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(row_at + convert_second), "r"(second.x),
-                   "r"(second.y), "r"(second.z), "r"(second.w)
-                   : "memory");
+      ptx::st_shared_v4_b32(row_at + convert_first, first);
+      ptx::st_shared_v4_b32(row_at + convert_second, second);
     }
   };
 
@@ -1747,19 +1731,11 @@ constexpr size_t small_m_shared_bytes() {
 }
 
 #if defined(DSV4_WGMMA)
-DSV4_DEVICE uint4 load_streaming_16(const uint8_t* address) {
-  uint4 v;
-  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "l"(address));
-  return v;
-}
+DSV4_DEVICE uint4 load_streaming_16(const uint8_t* address) { return ptx::ld_global_nc_l1_no_allocate_v4(address); }
 
 DSV4_DEVICE uint32_t word_of(const uint4& v, int i) { return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w; }
 
-DSV4_DEVICE void store_shared_u32(uint32_t address, uint32_t value) {
-  asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(address), "r"(value) : "memory");
-}
+DSV4_DEVICE void store_shared_u32(uint32_t address, uint32_t value) { ptx::st_shared_b32(address, value); }
 
 // One output at `offset` of out, fp32 or bf16.
 DSV4_DEVICE void store_output_one(const BmmA8W8MxScaleArgs& args, int64_t offset, float v) {

@@ -42,6 +42,22 @@ DSV4_SIM_WAVE_OPERATION void __syncwarp(unsigned mask = 0xffffffffu) {
   ::dsv4_sim::require_exactly_lanes(mask);
 }
 
+DSV4_SIM_WAVE_OPERATION unsigned __ballot_sync(unsigned mask, int predicate) {
+  const int mine = predicate != 0;
+  ::dsv4_sim::wave_exchange(&mine, sizeof mine, warpSize, ::dsv4_sim::call_site());
+  ::dsv4_sim::require_exactly_lanes(mask);
+  unsigned ballot = 0;
+  for (int lane = 0; lane < warpSize; ++lane) {
+    if ((mask >> lane & 1u) && ::dsv4_sim::read_lane<int>(lane)) ballot |= 1u << lane;
+  }
+  return ballot;
+}
+DSV4_SIM_WAVE_OPERATION int __any_sync(unsigned mask, int predicate) { return __ballot_sync(mask, predicate) != 0; }
+inline int __popc(unsigned x) { return __builtin_popcount(x); }
+// CUDA's integer min and max of device code.
+inline int max(int a, int b) { return a > b ? a : b; }
+inline int min(int a, int b) { return a < b ? a : b; }
+
 // ---- shared-window addresses, loads and traps ------------------------------------------------------------------------------
 inline size_t __cvta_generic_to_shared(const void* pointer) { return ::dsv4_sim::shared_window_address(pointer); }
 template <typename T>
@@ -103,11 +119,12 @@ inline std::map<const void*, size_t>& shared_opt_ins() {
 }
 template <typename... Params, typename... Args>
 cudaError_t launch_checked(void (*kernel)(Params...), dim3 grid, dim3 block, size_t shared_bytes, bool overlapping,
-                           const Args&... args) {
+                           int cluster_blocks, const Args&... args) {
   const auto opt_in = shared_opt_ins().find(reinterpret_cast<const void*>(kernel));
   const size_t allowed = opt_in == shared_opt_ins().end() ? kSharedBytesWithoutOptIn : opt_in->second;
   if (shared_bytes > allowed) return cudaErrorInvalidValue;  // stays for the next error query, as the runtime's
-  return static_cast<cudaError_t>(launch_kernel(kernel, grid, block, shared_bytes, overlapping, args...));
+  return static_cast<cudaError_t>(
+      launch_kernel(kernel, grid, block, shared_bytes, overlapping, cluster_blocks, args...));
 }
 }  // namespace dsv4_sim
 
@@ -143,24 +160,29 @@ struct cudaLaunchConfig_t {
   unsigned numAttrs;
 };
 
-// Programmatic dependent launch as wave_sim.h holds it back; thread block clusters are not modelled.
+// Programmatic dependent launch as wave_sim.h holds it back; clusters along x (the only kind the kernels use).
 template <typename... Params, typename... Args>
 cudaError_t cudaLaunchKernelEx(const cudaLaunchConfig_t* config, void (*kernel)(Params...), const Args&... args) {
   bool overlapping = false;
+  int cluster_blocks = 1;
   for (unsigned i = 0; i < config->numAttrs; ++i) {
     const cudaLaunchAttribute& attribute = config->attrs[i];
     if (attribute.id == cudaLaunchAttributeProgrammaticStreamSerialization) {
       overlapping = attribute.val.programmaticStreamSerializationAllowed != 0;
     } else if (attribute.id == cudaLaunchAttributeClusterDimension) {
       const auto& cluster = attribute.val.clusterDim;
-      if (cluster.x * cluster.y * cluster.z != 1) ::dsv4_sim::model_error("thread block clusters are not modelled");
+      if (cluster.y != 1 || cluster.z != 1) ::dsv4_sim::model_error("clusters along y or z are not modelled");
+      cluster_blocks = static_cast<int>(cluster.x);
     }
   }
   return ::dsv4_sim::launch_checked(kernel, config->gridDim, config->blockDim, config->dynamicSmemBytes, overlapping,
-                                    args...);
+                                    cluster_blocks, args...);
 }
+
+// A kernel parameter passed by its address in the parameter space (tensor maps): a plain parameter here.
+#define __grid_constant__
 
 // platform.h's HIP launch macro, which nvcc spells with <<< >>>.
 #define hipLaunchKernelGGL(kernel, grid, block, shared_bytes, stream, ...)                                  \
-  ((void)(stream), ::dsv4_sim::launch_checked((kernel), dim3(grid), dim3(block), (shared_bytes), false, \
+  ((void)(stream), ::dsv4_sim::launch_checked((kernel), dim3(grid), dim3(block), (shared_bytes), false, 1, \
                                               __VA_ARGS__))

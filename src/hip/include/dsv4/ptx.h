@@ -1,8 +1,7 @@
 // The PTX instructions of the NVIDIA paths that CUDA has no intrinsic for, one function each, named after
 // the instruction (callers keep their own guards on the architecture that has it). Code outside this header
 // reaches them only through it, included as "dsv4/ptx.h": a host model of the device (tests/device_model)
-// puts its own version of this header first on the include path. (The indexer logits and the wo_a GEMM still
-// hold inline PTX of their own: the model does not run them yet.) Declared in every NVIDIA pass, host
+// puts its own version of this header first on the include path. Declared in every NVIDIA pass, host
 // included, because device code is parsed there too; device code only.
 #pragma once
 
@@ -32,6 +31,16 @@ DSV4_DEVICE void cvt_rn_f16x2_e4m3x2_halves(uint32_t four_codes, uint32_t& first
       " cvt.rn.f16x2.e4m3x2 %1, high;\n}"
       : "=r"(first), "=r"(second)
       : "r"(four_codes));
+}
+
+// mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 (OCP codes), accumulating into d: a[0] row g, k 4t..4t+3
+// (g = lane / 4, t = lane % 4); a[1] row g + 8; a[2], a[3] the same at k + 16; b[0] k 4t..4t+3 of column g,
+// b[1] at k + 16; d as in m16n8k16. sm_89+. No side effects.
+DSV4_DEVICE void mma_m16n8k32_e4m3(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+  asm("mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
 
 // mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32, accumulating into d: the warp's fragments as PTX
@@ -131,6 +140,41 @@ DSV4_DEVICE uint32_t prmt_b32_with_zero(uint32_t x) {
   return result;
 }
 
+// mul.rn.f16x2: the two f16 products of the halves of `a` and `b`.
+DSV4_DEVICE uint32_t mul_rn_f16x2(uint32_t a, uint32_t b) {
+  uint32_t product;
+  asm("mul.rn.f16x2 %0, %1, %2;\n" : "=r"(product) : "r"(a), "r"(b));
+  return product;
+}
+
+// ---- shared-window and streaming loads and stores ----------------------------------------------------
+DSV4_DEVICE void st_shared_f32(uint32_t address, float value) {
+  asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(address), "f"(value) : "memory");
+}
+DSV4_DEVICE void st_shared_b32(uint32_t address, uint32_t value) {
+  asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(address), "r"(value) : "memory");
+}
+DSV4_DEVICE void st_shared_v4_b32(uint32_t address, const uint4& value) {
+  asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(address), "r"(value.x), "r"(value.y), "r"(value.z),
+               "r"(value.w)
+               : "memory");
+}
+DSV4_DEVICE uint4 ld_shared_v4_b32(uint32_t address) {
+  uint4 v;
+  asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "r"(address));
+  return v;
+}
+// ld.global.nc.L1::no_allocate.v4.u32: 16 bytes read once (not kept in L1).
+DSV4_DEVICE uint4 ld_global_nc_l1_no_allocate_v4(const void* address) {
+  uint4 v;
+  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(address));
+  return v;
+}
+
 // ---- named barriers ---------------------------------------------------------------------------------
 // bar.sync / bar.arrive on barrier `id` for `threads` threads (a multiple of 32) of the block.
 DSV4_DEVICE void bar_sync(int id, int threads) {
@@ -138,6 +182,51 @@ DSV4_DEVICE void bar_sync(int id, int threads) {
 }
 DSV4_DEVICE void bar_arrive(int id, int threads) {
   asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
+// ---- mbarriers and bulk copies (sm_90) ----------------------------------------------------------------
+// mbarrier.init.shared::cta.b64 with kCount expected arrivals; fence.mbarrier_init.release.cluster.
+template <uint32_t kCount>
+DSV4_DEVICE void mbarrier_init(uint32_t barrier) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(barrier), "n"(kCount));
+}
+DSV4_DEVICE void fence_mbarrier_init_release_cluster() {
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+}
+// mbarrier.arrive.expect_tx.shared::cta.b64: one arrival, and `bytes` more transaction bytes for the phase.
+DSV4_DEVICE void mbarrier_arrive_expect_tx(uint32_t barrier, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(barrier), "r"(bytes) : "memory");
+}
+// mbarrier.try_wait.parity.shared::cta.b64: whether the phase of parity `parity` has completed.
+DSV4_DEVICE bool mbarrier_try_wait_parity(uint32_t barrier, uint32_t parity) {
+  uint32_t done;
+  asm volatile(
+      "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+      : "=r"(done)
+      : "r"(barrier), "r"(parity)
+      : "memory");
+  return done != 0;
+}
+// prefetch.tensormap of a tensor map (a __grid_constant__ kernel parameter) at its generic address.
+DSV4_DEVICE void prefetch_tensormap(uint64_t tensor_map) {
+  asm volatile("prefetch.tensormap [%0];\n" ::"l"(tensor_map) : "memory");
+}
+// cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes: the box of the tensor map
+// at generic address `tensor_map` at coordinates (x, y, z) to `destination`, its bytes completing on `barrier`.
+DSV4_DEVICE void cp_async_bulk_tensor_3d(uint32_t destination, uint64_t tensor_map, int32_t x, int32_t y, int32_t z,
+                                         uint32_t barrier) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], "
+      "[%5];\n" ::"r"(destination),
+      "l"(tensor_map), "r"(x), "r"(y), "r"(z), "r"(barrier)
+      : "memory");
+}
+// cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes: `bytes` (a multiple of 16) from `source`.
+DSV4_DEVICE void cp_async_bulk(uint32_t destination, const void* source, uint32_t bytes, uint32_t barrier) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
+                   destination),
+               "l"(source), "r"(bytes), "r"(barrier)
+               : "memory");
 }
 
 #if defined(DSV4_WGMMA)

@@ -81,7 +81,7 @@ hipError_t hipOccupancyMaxActiveBlocksPerMultiprocessor(int* blocks, Kernel, int
 }
 
 #define hipLaunchKernelGGL(kernel, grid, block, shared_bytes, stream, ...) \
-  ((void)(stream), ::dsv4_sim::launch_kernel((kernel), dim3(grid), dim3(block), (shared_bytes), false, __VA_ARGS__))
+  ((void)(stream), ::dsv4_sim::launch_kernel((kernel), dim3(grid), dim3(block), (shared_bytes), false, 1, __VA_ARGS__))
 
 // ---- the AMDGPU builtins the kernels use, on ../../wave_sim.h ------------------------------------
 namespace dsv4_sim {
