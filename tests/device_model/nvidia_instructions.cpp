@@ -25,16 +25,19 @@ float bf16_half(uint32_t word, int half) {
 
 }  // namespace
 
-// Each lane computes its four D values from every lane's fragments: products exact in double, summed there and
-// added to the accumulator once (the tensor core's own order and internal precision are not modelled; tests
-// compare with the tolerance of an fp32 sum).
-void mma_m16n8k16_bf16(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2], const void* site) {
+// The m16n8 mma.sync forms, `kPerWord` k values a register (2 bf16 or 4 e4m3 codes; K = 8 kPerWord),
+// value(word, k) the one of k in a word. Each lane computes its four D values from every lane's fragments:
+// products exact in double, summed there and added to the accumulator once (the tensor core's own order and
+// internal precision are not modelled; tests compare with the tolerance of an fp32 sum).
+template <int kPerWord, typename Value>
+void mma_m16n8(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2], const void* site, Value value) {
+  constexpr int kK = 8 * kPerWord, kHalfK = kK / 2;
   MmaFragments mine;
   std::memcpy(mine.a, a, sizeof mine.a);
   std::memcpy(mine.b, b, sizeof mine.b);
   wave_exchange(&mine, sizeof mine, kWaveSize, site);
-  // A[row][k] sits in lane 4 (row % 8) + (k % 8) / 2, register (row / 8) + 2 (k / 8), half k % 2; B[k][col]
-  // in lane 4 col + (k % 8) / 2, register k / 8, half k % 2.
+  // A[row][k] sits in lane 4 (row % 8) + (k % kHalfK) / kPerWord, register (row / 8) + 2 (k / kHalfK); B[k][col]
+  // in lane 4 col + (k % kHalfK) / kPerWord, register k / kHalfK.
   const auto fragments_of = [](int lane) {
     MmaFragments f;
     std::memcpy(&f, deposit_of(lane), sizeof f);
@@ -44,41 +47,23 @@ void mma_m16n8k16_bf16(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b
   for (int e = 0; e < 4; ++e) {
     const int row = group + 8 * (e / 2), col = 2 * thread_in_group + e % 2;
     double sum = 0.0;
-    for (int k = 0; k < 16; ++k) {
-      const MmaFragments a_lane = fragments_of(4 * (row % 8) + (k % 8) / 2);
-      const MmaFragments b_lane = fragments_of(4 * col + (k % 8) / 2);
-      sum += static_cast<double>(bf16_half(a_lane.a[row / 8 + 2 * (k / 8)], k % 2)) *
-             bf16_half(b_lane.b[k / 8], k % 2);
+    for (int k = 0; k < kK; ++k) {
+      const MmaFragments a_lane = fragments_of(4 * (row % 8) + (k % kHalfK) / kPerWord);
+      const MmaFragments b_lane = fragments_of(4 * col + (k % kHalfK) / kPerWord);
+      sum += static_cast<double>(value(a_lane.a[row / 8 + 2 * (k / kHalfK)], k)) * value(b_lane.b[k / kHalfK], k);
     }
     d[e] = static_cast<float>(static_cast<double>(d[e]) + sum);
   }
 }
 
+void mma_m16n8k16_bf16(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2], const void* site) {
+  mma_m16n8<2>(d, a, b, site, [](uint32_t word, int k) { return bf16_half(word, k % 2); });
+}
+
 void mma_m16n8k32_e4m3(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2], const void* site) {
-  MmaFragments mine;
-  std::memcpy(mine.a, a, sizeof mine.a);
-  std::memcpy(mine.b, b, sizeof mine.b);
-  wave_exchange(&mine, sizeof mine, kWaveSize, site);
-  // A[row][k] sits in lane 4 (row % 8) + (k % 16) / 4, register (row / 8) + 2 (k / 16), byte k % 4; B[k][col]
-  // in lane 4 col + (k % 16) / 4, register k / 16, byte k % 4.
-  const auto fragments_of = [](int lane) {
-    MmaFragments f;
-    std::memcpy(&f, deposit_of(lane), sizeof f);
-    return f;
-  };
-  const auto code = [](uint32_t word, int k) { return static_cast<uint8_t>(word >> (8 * (k % 4))); };
-  const int lane = lane_id(), group = lane / 4, thread_in_group = lane % 4;
-  for (int e = 0; e < 4; ++e) {
-    const int row = group + 8 * (e / 2), col = 2 * thread_in_group + e % 2;
-    double sum = 0.0;
-    for (int k = 0; k < 32; ++k) {
-      const MmaFragments a_lane = fragments_of(4 * (row % 8) + (k % 16) / 4);
-      const MmaFragments b_lane = fragments_of(4 * col + (k % 16) / 4);
-      sum += static_cast<double>(dsv4::fp8_decode<dsv4::Fp8Format::kOCP>(code(a_lane.a[row / 8 + 2 * (k / 16)], k))) *
-             dsv4::fp8_decode<dsv4::Fp8Format::kOCP>(code(b_lane.b[k / 16], k));
-    }
-    d[e] = static_cast<float>(static_cast<double>(d[e]) + sum);
-  }
+  mma_m16n8<4>(d, a, b, site, [](uint32_t word, int k) {
+    return dsv4::fp8_decode<dsv4::Fp8Format::kOCP>(static_cast<uint8_t>(word >> (8 * (k % 4))));
+  });
 }
 
 uint16_t cvt_rn_satfinite_e4m3x2_f32(float high, float low) {

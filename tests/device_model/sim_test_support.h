@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <random>
 #include <vector>
 
@@ -49,6 +50,14 @@ struct Random {
     return codes;
   }
 };
+
+// Runs `body` on every thread of one block of `threads` threads, now.
+inline void run_one_block(int threads, const std::function<void()>& body) {
+  ASSERT_EQ(dsv4_sim::run_grid(dsv4_sim::Index3{1, 1, 1}, dsv4_sim::Index3{static_cast<uint32_t>(threads), 1, 1}, 0,
+                               [](void* context) { (*static_cast<const std::function<void()>*>(context))(); },
+                               const_cast<std::function<void()>*>(&body)),
+            0);
+}
 
 // A cos || sin table of `rows` positions x 64 (fp32), angles as GPT-J RoPE makes them.
 inline std::vector<float> rope_table(int64_t rows) {

@@ -18,14 +18,6 @@ const bool chip_is_set = [] {
   return true;
 }();
 
-// Runs `body` on every thread of one block of `threads` threads.
-void run_block(int threads, const std::function<void()>& body) {
-  ASSERT_EQ(dsv4_sim::run_grid(Index3{1, 1, 1}, Index3{static_cast<uint32_t>(threads), 1, 1}, 0,
-                               [](void* context) { (*static_cast<const std::function<void()>*>(context))(); },
-                               const_cast<std::function<void()>*>(&body)),
-            0);
-}
-
 // D (16 x 16) = A (16 x K) B (K x 16) + C, each lane's operands filled from the matrices by the table's
 // layout: lane l holds row (A) / column (B) l % 16 and k values [kPerLane (l / 16), + kPerLane), and D
 // rows 4 (l / 16) .. + 3 of column l % 16.
@@ -36,7 +28,7 @@ void check_matrix_instruction(const std::vector<Element>& a, const std::vector<E
   std::vector<float> c(256), d(256, 0.0f);
   Random random(7);
   for (auto& x : c) x = random.normal();
-  run_block(64, [&] {
+  run_one_block(64, [&] {
     const int lane = dsv4_sim::lane_id();
     std::vector<Element> a_lane(kPerLane), b_lane(kPerLane);
     for (int j = 0; j < kPerLane; ++j) {
@@ -132,7 +124,7 @@ TEST(WaveModel, ConversionRoundsToNearestEvenKeepsZeroSignAndDoesNotSaturate) {
 
 TEST(WaveModel, BarriersOrderBlockThreadsAndWaveExchangesSeeEveryLane) {
   std::vector<int> written(128, 0), seen(128, -1), sums(128, 0);
-  run_block(128, [&] {
+  run_one_block(128, [&] {
     const int t = static_cast<int>(dsv4_sim::thread_index().x);
     written[t] = t + 1;
     dsv4_sim::sync_block();
@@ -155,7 +147,7 @@ TEST(WaveModel, BarriersOrderBlockThreadsAndWaveExchangesSeeEveryLane) {
 
 TEST(WaveModel, ThreadsThatEndReleaseTheBarrier) {
   int passed = 0;
-  run_block(256, [&] {
+  run_one_block(256, [&] {
     if (dsv4_sim::thread_index().x % 3 == 0) return;
     dsv4_sim::sync_block();
     ++passed;
@@ -167,7 +159,7 @@ TEST(WaveModel, ThreadsThatEndReleaseTheBarrier) {
 // hardware does with those lanes masked off.
 TEST(WaveModel, PartOfAWaveRunsAWaveOperationAlone) {
   std::vector<int> sums(64, -1);
-  run_block(64, [&] {
+  run_one_block(64, [&] {
     const int t = static_cast<int>(dsv4_sim::thread_index().x);
     if (t < 32) {
       dsv4_sim::wave_exchange(&t, sizeof t, 64, dsv4_sim::call_site());
@@ -188,7 +180,7 @@ TEST(WaveModel, PartOfAWaveRunsAWaveOperationAlone) {
 
 TEST(WaveModelDeathTest, ReadingALaneThatSkippedTheOperationAborts) {
   GTEST_FLAG_SET(death_test_style, "threadsafe");
-  EXPECT_DEATH(run_block(64,
+  EXPECT_DEATH(run_one_block(64,
                          [] {
                            const int t = static_cast<int>(dsv4_sim::thread_index().x);
                            if (t >= 32) return;
@@ -202,7 +194,7 @@ TEST(WaveModelDeathTest, ReadingALaneThatSkippedTheOperationAborts) {
 // runs them one after the other; the model does not, and says so rather than mixing them.
 TEST(WaveModelDeathTest, LanesAtTwoWaveOperationsAtOnceAreReported) {
   GTEST_FLAG_SET(death_test_style, "threadsafe");
-  EXPECT_DEATH(run_block(64,
+  EXPECT_DEATH(run_one_block(64,
                          [] {
                            const int x = 1;
                            if (dsv4_sim::thread_index().x < 32) {

@@ -19,13 +19,6 @@ const bool chip_is_set = [] {
   return true;
 }();
 
-void run_block(int threads, const std::function<void()>& body) {
-  ASSERT_EQ(dsv4_sim::run_grid(Index3{1, 1, 1}, Index3{static_cast<uint32_t>(threads), 1, 1}, 0,
-                               [](void* context) { (*static_cast<const std::function<void()>*>(context))(); },
-                               const_cast<std::function<void()>*>(&body)),
-            0);
-}
-
 uint32_t pack_bf16(float lo, float hi) {
   return dsv4::float_to_bf16_bits(lo) | (static_cast<uint32_t>(dsv4::float_to_bf16_bits(hi)) << 16);
 }
@@ -36,7 +29,7 @@ TEST(WarpModel, MmaM16n8k16Bf16FollowsThePtxFragments) {
   for (auto& x : a) x = dsv4::bf16_bits_to_float(dsv4::float_to_bf16_bits(random.normal()));
   for (auto& x : b) x = dsv4::bf16_bits_to_float(dsv4::float_to_bf16_bits(random.normal()));
   for (auto& x : c) x = random.normal();
-  run_block(32, [&] {
+  run_one_block(32, [&] {
     const int lane = dsv4_sim::lane_id(), g = lane / 4, t = lane % 4;
     const auto A = [&](int row, int k) { return a[row * 16 + k]; };
     const auto B = [&](int k, int col) { return b[k * 8 + col]; };
@@ -75,7 +68,7 @@ TEST(WarpModel, ConversionsSaturateAndDecodeExactly) {
 
 TEST(WarpModelDeathTest, ASyncShuffleNeedsEveryLaneOfItsMask) {
   GTEST_FLAG_SET(death_test_style, "threadsafe");
-  EXPECT_DEATH(run_block(32,
+  EXPECT_DEATH(run_one_block(32,
                          [] {
                            const int t = static_cast<int>(dsv4_sim::thread_index().x);
                            if (t >= 16) return;  // exited lanes of a full mask
@@ -106,7 +99,7 @@ TEST(WarpModel, LdmatrixDealsRowsAndColumns) {
       for (int c = 0; c < 8; ++c) tile[m][r][c] = static_cast<uint16_t>(m * 100 + r * 10 + c);
     }
   }
-  run_block(32, [&] {
+  run_one_block(32, [&] {
     const int lane = dsv4_sim::lane_id();
     const uint32_t address = dsv4_sim::shared_window_address(&tile[lane / 8][lane % 8][0]);
     uint32_t plain[4], transposed[4];
@@ -124,7 +117,7 @@ TEST(WarpModel, LdmatrixDealsRowsAndColumns) {
 TEST(WarpModel, AsynchronousCopiesLandAtTheWait) {
   static unsigned char shared[64];
   const std::vector<unsigned char> global(64, 7);
-  run_block(1, [&] {
+  run_one_block(1, [&] {
     std::memset(shared, 0, sizeof shared);
     dsv4_sim::defer(dsv4_sim::AsyncUnit::kCopy, [&] { std::memcpy(shared, global.data(), 16); });
     dsv4_sim::commit_deferred(dsv4_sim::AsyncUnit::kCopy);
@@ -144,7 +137,7 @@ TEST(WarpModel, AsynchronousCopiesLandAtTheWait) {
 TEST(WarpModel, NamedBarriersCountTheirThreads) {
   std::vector<int> seen(96, -1);
   int produced = 0;
-  run_block(96, [&] {
+  run_one_block(96, [&] {
     const int t = static_cast<int>(dsv4_sim::thread_index().x);
     if (t < 32) {
       if (t == 0) produced = 42;
@@ -164,7 +157,7 @@ TEST(WarpModel, MbarrierPhasesWaitForArrivalsAndBytes) {
   static uint64_t barrier_word;
   const std::vector<unsigned char> global(32, 9);
   std::vector<int> seen(64, -1);
-  run_block(64, [&] {
+  run_one_block(64, [&] {
     const int t = static_cast<int>(dsv4_sim::thread_index().x);
     const uint32_t barrier = dsv4_sim::shared_window_address(&barrier_word);
     if (t == 0) {
