@@ -33,9 +33,9 @@ TEST(WarpModel, MmaM16n8k16Bf16FollowsThePtxFragments) {
     const int lane = dsv4_sim::lane_id(), g = lane / 4, t = lane % 4;
     const auto A = [&](int row, int k) { return a[row * 16 + k]; };
     const auto B = [&](int k, int col) { return b[k * 8 + col]; };
-    const uint32_t a_regs[4] = {pack_bf16(A(g, 2 * t), A(g, 2 * t + 1)), pack_bf16(A(g + 8, 2 * t), A(g + 8, 2 * t + 1)),
-                                pack_bf16(A(g, 2 * t + 8), A(g, 2 * t + 9)),
-                                pack_bf16(A(g + 8, 2 * t + 8), A(g + 8, 2 * t + 9))};
+    const uint32_t a_regs[4] = {
+        pack_bf16(A(g, 2 * t), A(g, 2 * t + 1)), pack_bf16(A(g + 8, 2 * t), A(g + 8, 2 * t + 1)),
+        pack_bf16(A(g, 2 * t + 8), A(g, 2 * t + 9)), pack_bf16(A(g + 8, 2 * t + 8), A(g + 8, 2 * t + 9))};
     const uint32_t b_regs[2] = {pack_bf16(B(2 * t, g), B(2 * t + 1, g)), pack_bf16(B(2 * t + 8, g), B(2 * t + 9, g))};
     float acc[4] = {c[g * 8 + 2 * t], c[g * 8 + 2 * t + 1], c[(g + 8) * 8 + 2 * t], c[(g + 8) * 8 + 2 * t + 1]};
     dsv4_sim::mma_m16n8k16_bf16(acc, a_regs, b_regs, nullptr);

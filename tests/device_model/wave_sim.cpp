@@ -6,9 +6,9 @@
 
 #include <algorithm>
 #include <cstdio>
-#include <deque>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <map>
 #include <memory>
 #include <optional>
@@ -19,11 +19,11 @@ namespace dsv4_sim {
 namespace {
 
 constexpr size_t kStackBytes = 256 * 1024;
+constexpr int kMaxThreads = 1024;
 // Window addresses of `static` shared variables: this, plus their offset from an anchor in the program's data
 // (within +-2^29).
 constexpr uint32_t kStaticWindowBase = 0xC0000000u;
 const unsigned char g_static_window_anchor = 0;
-constexpr int kMaxThreads = 1024;
 
 [[noreturn]] void fail(const char* what) { model_error(what); }
 
@@ -48,7 +48,7 @@ struct Thread {
   bool present = false;  // a slot of the padding after a block's last wave holds none
   bool done = false;
   Wait wait = Wait::kNone;
-  uint64_t wait_generation = 0;  // of the block, when it began to wait at the barrier
+  uint64_t wait_generation = 0;  // the barrier generation it waits to pass, or the mbarrier phase's parity
   bool released = false;         // its wave operation ran
   uint64_t exchanges = 0;        // wave operations it took part in: its next deposit buffer is exchanges % 2
   uint64_t round_lanes = 0;      // the lanes and deposit buffers of its last wave operation
@@ -415,7 +415,9 @@ float load_cluster_shared_f32(uint32_t window_address, int rank) {
   if (rank < 0 || rank >= g_run->grid.cluster_blocks) fail("a cluster rank past the cluster");
   float value;
   if (window_address < kStaticWindowBase - (uint32_t{1} << 29)) {
-    if (window_address + sizeof value > g_run->shared_bytes) fail("a cluster shared address past the dynamic shared memory");
+    if (window_address + sizeof value > g_run->shared_bytes) {
+      fail("a cluster shared address past the dynamic shared memory");
+    }
     std::memcpy(&value, shared_base_of(rank) + window_address, sizeof value);
     return value;
   }

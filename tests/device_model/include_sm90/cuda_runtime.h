@@ -58,8 +58,10 @@ inline int __popc(unsigned x) { return __builtin_popcount(x); }
 inline int max(int a, int b) { return a > b ? a : b; }
 inline int min(int a, int b) { return a < b ? a : b; }
 
-// ---- shared-window addresses, loads and traps ------------------------------------------------------------------------------
-inline size_t __cvta_generic_to_shared(const void* pointer) { return ::dsv4_sim::shared_window_address(pointer); }
+// ---- shared-window addresses, loads and traps ---------------------------------------------------------
+inline size_t __cvta_generic_to_shared(const void* pointer) {
+  return ::dsv4_sim::shared_window_address(pointer);
+}
 template <typename T>
 T __ldcg(const T* address) {
   return *address;
