@@ -6,8 +6,9 @@
 #
 # A second program per chip is built entirely by clang with AddressSanitizer: no kernel may read or write
 # outside its buffers on the device paths either (the tests' buffers are exactly the sizes the ops define).
-# The sm_90a program runs twice, once per phase of the model's held-back launches (wave_sim.h), so that every
-# pair of consecutive launches has its dependent run its part before griddepcontrol.wait first.
+# Each program runs twice: in slot order, and with the threads of a pass in reverse order (wave_sim.h) and, on
+# sm_90a, the other phase of the model's held-back launches, so that every pair of consecutive launches has its
+# dependent run its part before griddepcontrol.wait first.
 #
 # The kernels' objects are partially linked and every symbol but the launchers (dsv4::gpu) made local:
 # the inline functions of the shared numerics headers are compiled there with a device path selected, and
@@ -102,10 +103,10 @@ foreach(_chip gfx942 gfx950 sm90a)
   target_compile_options(${_target} PRIVATE -ffp-contract=off)
   target_link_libraries(${_target} PRIVATE dsv4_cpu GTest::gtest_main)
   gtest_discover_tests(${_target} TEST_PREFIX "model_${_chip}." DISCOVERY_TIMEOUT 60)
-  if(_chip STREQUAL "sm90a")
-    add_test(NAME model_sm90a_held_back_phase_1 COMMAND ${_target} --gtest_filter=-*DeathTest*)
-    set_tests_properties(model_sm90a_held_back_phase_1 PROPERTIES ENVIRONMENT "DSV4_MODEL_PDL_PHASE=1")
-  endif()
+  # The whole program once more in the other orders: threads last first (a missing barrier or warp sync shows
+  # in one of the two orders) and, on sm_90a, the other launches held back.
+  add_test(NAME model_${_chip}_other_order COMMAND ${_target} --gtest_filter=-*DeathTest*)
+  set_tests_properties(model_${_chip}_other_order PROPERTIES ENVIRONMENT "DSV4_MODEL_REVERSE=1;DSV4_MODEL_PDL_PHASE=1")
 
   # The AddressSanitizer program: the same tests, every object (the CPU kernels included) built by clang.
   set(_asan_kernels ${_model_dir}/kernels.${_chip}.asan.o)

@@ -207,6 +207,23 @@ TEST(WaveModelDeathTest, LanesAtTwoWaveOperationsAtOnceAreReported) {
                "different wave operations");
 }
 
+// Within a pass, waves run in slot order, or with DSV4_MODEL_REVERSE=1 the last first; the lanes of a wave
+// always in order (a wave's lanes run in lockstep on the hardware).
+TEST(WaveModel, PassOrderFollowsTheEnvironment) {
+  const char* reverse = std::getenv("DSV4_MODEL_REVERSE");
+  const bool reversed = reverse != nullptr && reverse[0] == '1';
+  int across = 0, within = 0, seen_across = -1, seen_within = -1;
+  run_one_block(128, [&] {
+    const int t = static_cast<int>(dsv4_sim::thread_index().x);
+    if (t == 127) across = 1;  // wave 1
+    if (t == 63) within = 1;   // wave 0, after lane 1
+    if (t == 0) seen_across = across;
+    if (t == 1) seen_within = within;
+  });
+  EXPECT_EQ(seen_across, reversed ? 1 : 0);
+  EXPECT_EQ(seen_within, 0);
+}
+
 TEST(WaveModel, LaunchOverTheChipsSharedMemoryFails) {
   const size_t lds = dsv4_sim::chip().lds_bytes;
   EXPECT_NE(dsv4_sim::run_grid(Index3{1, 1, 1}, Index3{64, 1, 1}, lds + 1, [](void*) {}, nullptr), 0);

@@ -179,6 +179,20 @@ TEST(WarpModel, MbarrierPhasesWaitForArrivalsAndBytes) {
   EXPECT_EQ(seen[1], 9);
 }
 
+// Within a pass, threads run in slot order, or with DSV4_MODEL_REVERSE=1 the last first: a read that no barrier
+// orders after a write sees the write in one of the two orders only.
+TEST(WarpModel, PassOrderFollowsTheEnvironment) {
+  const char* reverse = std::getenv("DSV4_MODEL_REVERSE");
+  const bool reversed = reverse != nullptr && reverse[0] == '1';
+  int written = 0, seen = -1;
+  run_one_block(64, [&] {
+    const int t = static_cast<int>(dsv4_sim::thread_index().x);
+    if (t == 63) written = 1;
+    if (t == 0) seen = written;
+  });
+  EXPECT_EQ(seen, reversed ? 1 : 0);
+}
+
 // Stream order with programmatic dependent launch: the first launch is held back; the second, launched to
 // overlap it, runs first, and the held one runs when the second first waits -- so a read before the wait
 // sees the old contents, one after it the new.

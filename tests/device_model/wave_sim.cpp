@@ -295,6 +295,20 @@ void own_static_shared(int slot) {
   g_run->owner = slot;
 }
 
+// The order of a pass over the threads: slot order, or with DSV4_MODEL_REVERSE=1 in the environment the last
+// wave first -- and on 32-lane warps, whose lanes NVIDIA does not run in lockstep, the last lane first too --
+// so that a read that lacks the barrier or warp sync its write needs sees the old value in one of the two.
+int slot_in_pass(int pass_index, int slots) {
+  static const bool reverse = [] {
+    const char* value = std::getenv("DSV4_MODEL_REVERSE");
+    return value != nullptr && value[0] == '1';
+  }();
+  if (!reverse) return pass_index;
+  if (kWaveSize == 32) return slots - 1 - pass_index;
+  const int wave = pass_index / kWaveSize, lane = pass_index % kWaveSize;  // CDNA waves run in lockstep
+  return (slots / kWaveSize - 1 - wave) * kWaveSize + lane;
+}
+
 // Runs the cluster of blocks first_x, first_x + 1, ... (at y, z) to its end.
 void run_cluster(uint32_t first_x, uint32_t y, uint32_t z) {
   const int cluster = g_run->grid.cluster_blocks;
@@ -346,8 +360,8 @@ void run_cluster(uint32_t first_x, uint32_t y, uint32_t z) {
     // every live thread waits: a wave operation that part of a wave reached then runs for those lanes;
     // without one, the waits can never end.
     bool ran = false;
-    for (int slot = 0; slot < slots; ++slot) {
-      Thread& thread = g_run->threads[slot];
+    for (int pass_index = 0; pass_index < slots; ++pass_index) {
+      Thread& thread = g_run->threads[slot_in_pass(pass_index, slots)];
       if (thread.done || blocked(thread)) continue;
       own_static_shared(thread.block_slot);
       g_run->current = &thread;
