@@ -75,31 +75,9 @@ uint16_t cvt_rn_satfinite_e4m3x2_f32(float high, float low) {
   return static_cast<uint16_t>(convert(low) | (convert(high) << 8));
 }
 
-void cvt_rn_f16x2_e4m3x2_halves(uint32_t four_codes, uint32_t& first, uint32_t& second) {
-  // Every e4m3 value is a normal f16 (or zero): the exponent rebiased, the 3 mantissa bits at the top of 10.
-  const auto to_f16 = [](uint8_t code) -> uint32_t {
-    const uint32_t sign = (code & 0x80u) << 8;
-    if ((code & 0x7Fu) == 0x7Fu) return sign | 0x7FFFu;  // NaN
-    const float value = std::fabs(dsv4::fp8_decode<dsv4::Fp8Format::kOCP>(code));
-    if (value == 0.0f) return sign;
-    uint32_t bits;
-    std::memcpy(&bits, &value, sizeof bits);
-    const uint32_t exponent = ((bits >> 23) & 0xFFu) - 127u + 15u;
-    return sign | (exponent << 10) | ((bits >> 13) & 0x3FFu);
-  };
-  const auto pair = [&to_f16](uint32_t two_codes) {
-    return to_f16(static_cast<uint8_t>(two_codes)) | (to_f16(static_cast<uint8_t>(two_codes >> 8)) << 16);
-  };
-  first = pair(four_codes & 0xFFFFu);
-  second = pair(four_codes >> 16);
-}
-
-uint32_t cvt_rn_bf16x2_f32(float high, float low) {
-  const auto convert = [](float x) -> uint32_t { return std::isnan(x) ? 0x7FFFu : dsv4::float_to_bf16_bits(x); };
-  return convert(low) | (convert(high) << 16);
-}
-
 namespace {
+
+// f16 bits to their value, and a value to f16 bits.
 float f16_value(uint16_t bits) {
   const int exponent = (bits >> 10) & 0x1F, mantissa = bits & 0x3FF;
   float magnitude;
@@ -112,15 +90,8 @@ float f16_value(uint16_t bits) {
   }
   return (bits & 0x8000u) ? -magnitude : magnitude;
 }
-}  // namespace
 
-void cvt_f32_f16_halves(uint32_t halves, float& low, float& high) {
-  low = f16_value(static_cast<uint16_t>(halves));
-  high = f16_value(static_cast<uint16_t>(halves >> 16));
-}
-
-namespace {
-// An fp32 value to f16 bits, rounded to nearest even (the product of two f16 is exact in double, so rounding
+// Rounded to nearest even, NaN to 0x7FFF (the product of two f16 is exact in double, so rounding
 // it once from there is the instruction's rounding).
 uint16_t f16_bits(double value) {
   const uint16_t sign = std::signbit(value) ? 0x8000u : 0u;
@@ -140,7 +111,30 @@ uint16_t f16_bits(double value) {
   const uint16_t mantissa = static_cast<uint16_t>(std::ldexp(rounded, 11 - rounded_exponent)) & 0x3FFu;
   return sign | static_cast<uint16_t>(biased << 10) | mantissa;
 }
+
 }  // namespace
+
+void cvt_rn_f16x2_e4m3x2_halves(uint32_t four_codes, uint32_t& first, uint32_t& second) {
+  // Every e4m3 value is an f16 (or zero): the rounding is exact.
+  const auto pair = [](uint32_t two_codes) {
+    const auto to_f16 = [](uint8_t code) -> uint32_t {
+      return f16_bits(dsv4::fp8_decode<dsv4::Fp8Format::kOCP>(code));
+    };
+    return to_f16(static_cast<uint8_t>(two_codes)) | (to_f16(static_cast<uint8_t>(two_codes >> 8)) << 16);
+  };
+  first = pair(four_codes & 0xFFFFu);
+  second = pair(four_codes >> 16);
+}
+
+uint32_t cvt_rn_bf16x2_f32(float high, float low) {
+  const auto convert = [](float x) -> uint32_t { return std::isnan(x) ? 0x7FFFu : dsv4::float_to_bf16_bits(x); };
+  return convert(low) | (convert(high) << 16);
+}
+
+void cvt_f32_f16_halves(uint32_t halves, float& low, float& high) {
+  low = f16_value(static_cast<uint16_t>(halves));
+  high = f16_value(static_cast<uint16_t>(halves >> 16));
+}
 
 uint32_t mul_rn_f16x2(uint32_t a, uint32_t b) {
   const auto product = [](uint32_t x, uint32_t y) {

@@ -181,7 +181,7 @@ void mma_m16n8k16_bf16(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b
 // cvt.rn.satfinite.e4m3x2.f32: OCP codes, nearest even, finite overflow and infinities saturating to the
 // largest finite value, NaN to 0x7F; `low` in bits 0..7.
 uint16_t cvt_rn_satfinite_e4m3x2_f32(float high, float low);
-// cvt.rn.f16x2.e4m3x2 of each 16-bit half of `four_codes`.
+// cvt.rn.f16x2.e4m3x2 of each 16-bit half of `four_codes` (NaN codes to 0x7FFF).
 void cvt_rn_f16x2_e4m3x2_halves(uint32_t four_codes, uint32_t& first, uint32_t& second);
 // mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 (OCP codes): a[0] = A[g][4t .. 4t + 3], a[1] = A[g + 8][..],
 // a[2], a[3] the same at k + 16; b[0] = B[4t .. 4t + 3][g], b[1] at k + 16; d as in m16n8k16.
