@@ -210,13 +210,13 @@ def check_fused_post_pre(device, t, hidden, post_mult, seed, strength=1.0):
     torch.testing.assert_close(fused[2].cpu(), want_comb, rtol=0, atol=1e-5)
     assert_bf16_close(fused[3], want_input, collapse_magnitude(new_residual))
     # The documented contract: the new residual bit for bit as our post makes it, and the mixes and layer_input
-    # as our pre makes them from it -- bit for bit on the CPU, which runs the two; on a GPU the dot products run
-    # inside one kernel with post (on NVIDIA up to 2047 tokens), in another order of their fp32 sums, so within
-    # the tolerances of an fp32 sum.
+    # as our pre makes them from it -- bit for bit on the CPU and on NVIDIA, which run the two; on AMD the dot
+    # products run inside one kernel with post, in another order of their fp32 sums, so within the tolerances of
+    # an fp32 sum.
     ours = torch.ops.dsv4.mhc_post(*args[:4])
     unfused = (ours,) + tuple(torch.ops.dsv4.mhc_pre(ours, *args[4:], EPS, EPS, EPS, post_mult, 20, None, EPS))
     assert_bits_equal(fused[0].cpu(), unfused[0].cpu())
-    if device == "cpu":
+    if device == "cpu" or torch.version.hip is None:
         for got, want_bits in zip(fused[1:], unfused[1:]):
             assert_bits_equal(got.cpu(), want_bits.cpu())
     else:

@@ -182,7 +182,7 @@ TEST(ModelMhc, FusedPostPre) {
   check_fused(random, 3, 2048);   // many k slices: the 32-lane epilogue
   check_fused(random, 130, 128);  // separate epilogue and collapse
   check_fused(random, 300, 128);  // fn split once, by its own kernel
-  check_fused(random, 2050, 64);  // two tiles a warp: on NVIDIA post, then pre
+  check_fused(random, 2050, 64);  // two tiles a warp
 }
 
 // The DSv4 sizes at decode: Flash (hidden 4096) and Pro (hidden 7168).

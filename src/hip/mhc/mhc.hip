@@ -803,19 +803,20 @@ PreWorkspaceLayout pre_workspace_layout(int64_t tokens, int64_t hidden, int mixe
   return layout;
 }
 
-// mhc_fused_post_pre runs post inside the dots kernel (mhc_fused_dots_kernel) at every size on AMD; on NVIDIA
-// where the dots kernel takes one tile per warp (below kTwoTileMinTokens tokens), and beyond that post, then
-// pre: there the fused two-tile form needs more registers than a thread has (255 and 544 bytes of stack with
-// CUDA 13.0: two rows of A a lane, each with x and four streams' 32 bytes in flight).
+// mhc_fused_post_pre runs post inside the dots kernel (mhc_fused_dots_kernel) on AMD; on NVIDIA post, then pre.
+// H200 (graph replay, inputs past the L2), the fused one-tile form against post then pre in the same run: hidden
+// 4096, 1 / 64 / 1024 tokens 11.7 / 15.9 / 80.7 us against 11.8 / 15.2 / 55.6; hidden 7168 15.5 / 21.4 / 130.9 against
+// 13.9 / 18.3 / 86.8 (its 230-240 registers a thread leave one or two blocks an SM, where the plain dots kernel runs
+// more). The fused two-tile form (from kTwoTileMinTokens tokens) needs more registers than a thread has there (255
+// and 544 bytes of stack with CUDA 13.0: two rows of A a lane, each with x and four streams' 32 bytes in flight).
 #if defined(__HIPCC__)
-constexpr bool kFusedTwoTiles = true;
+constexpr bool kFusedDots = true;
 #else
-constexpr bool kFusedTwoTiles = false;
+constexpr bool kFusedDots = false;
 #endif
-bool fused_dots_serve(int64_t tokens) { return kFusedTwoTiles || dots_tiles_per_warp(tokens) == 1; }
 
 // The dot products (after splitting fn, where that pays), the epilogue, then the collapse. With `post`
-// (mhc_fused_post_pre, where fused_dots_serve), the dots kernel makes post's output (args.residual) from
+// (mhc_fused_post_pre, where kFusedDots), the dots kernel makes post's output (args.residual) from
 // post's inputs.
 template <int kMixes>
 void launch_pre_kernels(const MhcPreArgs& args, hipStream_t stream, const MhcPostArgs* post = nullptr) {
@@ -827,7 +828,7 @@ void launch_pre_kernels(const MhcPreArgs& args, hipStream_t stream, const MhcPos
   const auto launch_dots = [&](auto presplit, auto tiles, const FnChunk<kMixes>* chunks, bool overlapping) {
     constexpr bool kPresplit = decltype(presplit)::value;
     constexpr int kTiles = decltype(tiles)::value;
-    if constexpr (kMixes == mhc::kPreMixes && (kTiles == 1 || kFusedTwoTiles)) {
+    if constexpr (kMixes == mhc::kPreMixes && kFusedDots) {
       if (post != nullptr) {
         launch_overlapping(mhc_fused_dots_kernel<kPresplit, kTiles>, dots_grid, dots_block, 0, stream, args, chunks,
                            *post);
@@ -850,7 +851,7 @@ void launch_pre_kernels(const MhcPreArgs& args, hipStream_t stream, const MhcPos
     // device-pass constant).
     const int64_t vectors = count / tile::kChunk * split_chunk_bytes_bound(kMixes) / (kSplitPlanes * 2 * 4);
     bool by_stream = false;  // the fused dots' stream-interleaved chunks
-    if constexpr (kMixes == mhc::kPreMixes) {
+    if constexpr (kMixes == mhc::kPreMixes && kFusedDots) {
       if (post != nullptr) {
         hipLaunchKernelGGL((mhc_split_fn_kernel<kMixes, true>), dim3(elementwise_blocks(vectors)), dim3(kThreads), 0,
                            stream, args.fn, count, split_fn);
@@ -885,7 +886,7 @@ void launch_pre_kernels(const MhcPreArgs& args, hipStream_t stream, const MhcPos
                            0, stream, args);
       }
     };
-    if constexpr (kMixes == mhc::kPreMixes) {
+    if constexpr (kMixes == mhc::kPreMixes && kFusedDots) {
       if (post != nullptr) {
         launch_merged(std::true_type{});
         return;
@@ -985,7 +986,7 @@ LaunchStatus launch_mhc_fused_post_pre(const MhcPostArgs& post, const MhcPreArgs
   if (!chained || !valid_post(post) || !valid_pre(pre)) return LaunchStatus::kInvalidArgument;
   if (pre.tokens == 0) return LaunchStatus::kOk;
   auto hip_stream = static_cast<hipStream_t>(stream);
-  if (fused_dots_serve(pre.tokens)) {  // post made inside the dots kernel: x and the old residual read once
+  if (kFusedDots) {  // post made inside the dots kernel: x and the old residual read once
     launch_pre_kernels<mhc::kPreMixes>(pre, hip_stream, &post);
     return last_launch_status();
   }
