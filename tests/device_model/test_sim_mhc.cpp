@@ -185,29 +185,6 @@ TEST(ModelMhc, FusedPostPre) {
   check_fused(random, 2050, 64);  // two tiles a warp
 }
 
-// From 256 tokens on NVIDIA (the 32-lane model) with hidden a multiple of 256 up to 8192: the one-kernel pre of
-// thread block clusters (mhc_pre_cluster_kernel: the model's two resident clusters taking the 128-token tiles in turn;
-// 300 tokens make a partial last tile;
-// from hidden 5376 the blocks keep fn in fp32); elsewhere the same problems through the chip's own kernels.
-TEST(ModelMhc, PreOneKernelClusters) {
-  Random random(57);
-  const bool clusters = dsv4_sim::kWaveSize == 32;
-  struct Case {
-    int64_t tokens, hidden;
-    int mixes;
-    bool norm;
-  };
-  for (Case c : {Case{300, 256, dsv4::mhc::kPreMixes, false}, Case{256, 1024, dsv4::mhc::kPreMixes, false},
-                 Case{300, 512, dsv4::mhc::kHeadMixes, false}, Case{260, 512, dsv4::mhc::kHeadMixes, true},
-                 Case{256, 5376, dsv4::mhc::kPreMixes, false}, Case{270, 5376, dsv4::mhc::kHeadMixes, true}}) {
-    EXPECT_EQ(dsv4::gpu::mhc_pre_in_one_kernel(c.tokens, c.hidden, c.mixes), clusters) << c.tokens << " " << c.hidden;
-    check_pre(random, c.tokens, c.hidden, c.mixes, c.norm);
-  }
-  // Past a block's shared memory (hidden 8448: 33 chunks a slice), or below 256 tokens: the other kernels.
-  EXPECT_FALSE(dsv4::gpu::mhc_pre_in_one_kernel(300, 8448, dsv4::mhc::kPreMixes));
-  EXPECT_FALSE(dsv4::gpu::mhc_pre_in_one_kernel(255, 1024, dsv4::mhc::kPreMixes));
-}
-
 // The DSv4 sizes at decode: Flash (hidden 4096) and Pro (hidden 7168).
 TEST(ModelMhc, PreAtModelSizes) {
   Random random(55);

@@ -55,8 +55,6 @@ struct Thread {
   uint64_t round_parity = 0;
   int named_barrier = 0;         // the named barrier it waits at
   uint32_t mbarrier = 0;         // the mbarrier it waits at, for the phase of parity wait_generation
-  bool cluster_arrived = false;  // it arrived at the cluster barrier (arrive_cluster) and has not waited yet
-  uint64_t cluster_arrival = 0;  // the cluster barrier generation it arrived in
   // Per AsyncUnit: its open group, and its committed groups, oldest first.
   std::vector<std::function<void()>> open_group[2];
   std::deque<std::vector<std::function<void()>>> groups[2];
@@ -267,7 +265,6 @@ void thread_entry() {
     complete_groups(*g_run->current, unit, 0);
   }
   Thread& self = *g_run->current;
-  if (self.cluster_arrived) fail("a thread ends with a cluster barrier arrival it never waited for");
   self.done = true;
   self.wait = Wait::kNone;
   // A thread that ends releases the barriers the others wait at, as an exited wave does.
@@ -416,7 +413,6 @@ int sync_block_count(int predicate) {
 
 void sync_cluster() {
   Thread& self = *g_run->current;
-  if (self.cluster_arrived) fail("a cluster barrier arrival not waited for before the next barrier");
   self.wait = Wait::kClusterBarrier;
   self.wait_generation = g_run->cluster_generation;
   if (++g_run->cluster_arrived == g_run->cluster_live) {
@@ -425,24 +421,6 @@ void sync_cluster() {
     while (blocked(self)) yield();
   }
   self.wait = Wait::kNone;
-}
-
-void arrive_cluster() {
-  Thread& self = *g_run->current;
-  if (self.cluster_arrived) fail("a thread arrives at the cluster barrier twice without waiting between");
-  self.cluster_arrived = true;
-  self.cluster_arrival = g_run->cluster_generation;
-  if (++g_run->cluster_arrived == g_run->cluster_live) release_cluster();
-}
-
-void wait_cluster() {
-  Thread& self = *g_run->current;
-  if (!self.cluster_arrived) fail("a thread waits at the cluster barrier without having arrived");
-  self.wait = Wait::kClusterBarrier;
-  self.wait_generation = self.cluster_arrival;
-  while (blocked(self)) yield();
-  self.wait = Wait::kNone;
-  self.cluster_arrived = false;
 }
 
 int cluster_rank() { return g_run->current->block_slot; }
@@ -677,7 +655,7 @@ int run_grid(Index3 grid, Index3 block, size_t dynamic_shared_bytes, KernelBody 
 
 int launch(Launch next) {
   if (g_run != &g_runs[0] || g_runs[0].current != nullptr) fail("a launch from inside a running kernel");
-  const bool valid_cluster = next.cluster_blocks >= 1 && next.cluster_blocks <= 16 &&  // > 8: the shim's opt-in
+  const bool valid_cluster = next.cluster_blocks >= 1 && next.cluster_blocks <= 8 &&
                              next.grid.x % static_cast<uint32_t>(next.cluster_blocks) == 0;
   if (!valid_cluster || !valid_configuration(next.grid, next.block, next.dynamic_shared_bytes)) {
     g_last_error = 9;

@@ -59,10 +59,6 @@ int lane_id();
 // `static` shared variables included.
 int cluster_rank();
 void sync_cluster();
-// The two halves of the cluster barrier (barrier.cluster.arrive / .wait): a thread that arrives twice without
-// waiting between, waits without having arrived, or ends with an arrival not waited for is a model error.
-void arrive_cluster();
-void wait_cluster();
 float load_cluster_shared_f32(uint32_t window_address, int rank);
 
 // The block's dynamic shared memory, aligned to kSharedAlignment bytes (the most a kernel asks for).

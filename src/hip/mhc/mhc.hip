@@ -28,6 +28,15 @@
 // residual slices (3 x 32 KB: one loading, one in its dots, one waiting for its epilogue), adding the slices'
 // sums through distributed shared memory. At hidden 7168 the fn slice alone is 168 KB, which leaves room for
 // one residual slice: no overlap.
+// Tried (commit cd0926c, NVIDIA, taken out again): one persistent kernel of 16-block clusters, each block keeping
+// its fn slice in shared memory, dot warps streaming token tiles from DRAM into partial sums, and other warps of
+// each block running the epilogue of the tile's tokens and collapsing them from the L2 behind a split-phase cluster
+// barrier. H200, same run: hidden 4096, 256 / 1024 / 8192 tokens 23.3 / 59.4 / 389.5 us against 21.6 / 36.4 / 168.5
+// for these kernels; hidden 7168 60.8 / 151.0 / 874.4 against 27.9 / 55.5 / 279.9. Only 7 such clusters are
+// resident (112 multiprocessors), and a tile took ~21 us where its DRAM reads take ~5: each block's epilogue
+// (the Sinkhorn chain) and collapse of its few tokens ran one tile at a time, and the dot warps waited for them
+// at the barrier. What it needs: many tokens' epilogues in flight a block (several tiles in the epilogue stage
+// at once) and the collapse's loads all issued together.
 #include <type_traits>
 
 #include "dsv4/bf16.h"
@@ -146,35 +155,6 @@ struct FnChunk {
   }
 };
 
-// The same chunk kept in fp32 and split where a lane reads it (mhc_pre_cluster_kernel, whose blocks keep their
-// slice of fn in shared memory: in fp32 it takes 2/3 of the split images' room). [column tile][quarter of the
-// run][column][run]: a warp's 16-byte reads of one quarter are contiguous.
-template <int kMixes>
-struct FnChunkF32 {
-  static constexpr int kColTiles = FnChunk<kMixes>::kColTiles;
-  float4 quarters[kColTiles][4][tile::kCols][tile::kRuns];
-  static constexpr int kFloat4s = kColTiles * 4 * tile::kCols * tile::kRuns;
-
-  // float4 number f (in the layout's order) of the chunk starting at fn + k0 (zero for the padding columns).
-  static DSV4_DEVICE float4 load(const float* fn, int64_t count, int64_t k0, int f) {
-    const int run = f % tile::kRuns;
-    const int col = f / tile::kRuns % tile::kCols;
-    const int quarter = f / (tile::kRuns * tile::kCols) % 4;
-    const int m = f / (tile::kRuns * tile::kCols * 4) * tile::kCols + col;
-    if (m >= kMixes) return make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    return *reinterpret_cast<const float4*>(fn + m * count + k0 + run * tile::kRunLength + 4 * quarter);
-  }
-
-  // The three planes of values 8h .. 8h + 7 of run `run` of column `col` of column tile c, as FnChunk holds them.
-  DSV4_DEVICE void half_planes(int c, int h, int col, int run, uint4 (&b)[kSplitPlanes]) const {
-    uint2 first[kSplitPlanes], second[kSplitPlanes];
-    split_planes(quarters[c][2 * h][col][run], first);
-    split_planes(quarters[c][2 * h + 1][col][run], second);
-#pragma unroll
-    for (int p = 0; p < kSplitPlanes; ++p) b[p] = make_uint4(first[p].x, first[p].y, second[p].x, second[p].y);
-  }
-};
-
 // The lane's sums of squares of its run values, one per row of A it holds (fp32; the products are exact).
 using LaneSquares = float[tile::kRowsPerLane];
 
@@ -192,9 +172,10 @@ DSV4_DEVICE void add_squares(float& sum, uint32_t low, uint32_t high) {
 
 // The lane's share of half `h` of one chunk (steps 2h and 2h + 1: values 8h..8h+7 of every run): its A
 // values times every column tile and plane of the chunk, and times themselves for the squares.
-template <int kMixes, class Chunk = FnChunk<kMixes>>
+template <int kMixes>
 DSV4_DEVICE void accumulate_half(float (&acc)[FnChunk<kMixes>::kColTiles][tile::kAccumulators], LaneSquares& squares,
-                                 const uint4 (&a_half)[tile::kRowsPerLane], const Chunk& chunk, int lane, int h) {
+                                 const uint4 (&a_half)[tile::kRowsPerLane], const FnChunk<kMixes>& chunk, int lane,
+                                 int h) {
   const int col = tile::b_col(lane);
   const int run = tile::run_of(lane);
 #pragma unroll
@@ -204,31 +185,25 @@ DSV4_DEVICE void accumulate_half(float (&acc)[FnChunk<kMixes>::kColTiles][tile::
   }
 #pragma unroll
   for (int c = 0; c < FnChunk<kMixes>::kColTiles; ++c) {
-    if constexpr (std::is_same_v<Chunk, FnChunk<kMixes>>) {
 #pragma unroll
-      for (int p = 0; p < kSplitPlanes; ++p) {
-        const uint4 b_half = chunk.runs[c][p][h][col][run];  // one 16-byte load
-        tile::mma_two_steps(acc[c], a_half, b_half);
-      }
-    } else {
-      uint4 b_half[kSplitPlanes];
-      chunk.half_planes(c, h, col, run, b_half);
-#pragma unroll
-      for (int p = 0; p < kSplitPlanes; ++p) tile::mma_two_steps(acc[c], a_half, b_half[p]);
+    for (int p = 0; p < kSplitPlanes; ++p) {
+      const uint4 b_half = chunk.runs[c][p][h][col][run];  // one 16-byte load
+      tile::mma_two_steps(acc[c], a_half, b_half);
     }
   }
 }
 
 // The whole chunk: both halves.
-template <int kMixes, class Chunk = FnChunk<kMixes>>
+template <int kMixes>
 DSV4_DEVICE void accumulate_chunk(float (&acc)[FnChunk<kMixes>::kColTiles][tile::kAccumulators], LaneSquares& squares,
-                                  const uint4 (&a_runs)[tile::kRowsPerLane][2], const Chunk& chunk, int lane) {
+                                  const uint4 (&a_runs)[tile::kRowsPerLane][2], const FnChunk<kMixes>& chunk,
+                                  int lane) {
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     uint4 a_half[tile::kRowsPerLane];
 #pragma unroll
     for (int i = 0; i < tile::kRowsPerLane; ++i) a_half[i] = a_runs[i][h];
-    accumulate_half<kMixes, Chunk>(acc, squares, a_half, chunk, lane, h);
+    accumulate_half<kMixes>(acc, squares, a_half, chunk, lane, h);
   }
 }
 
@@ -626,24 +601,14 @@ __global__ void __launch_bounds__(kEpilogueThreads) mhc_epilogue_kernel(MhcPreAr
   epilogue_token<kMixes, kLanes>(args, token, threadIdx.x % kLanes, true, pre_weights + token * mhc::kHcMult);
 }
 
-// The threads that collapse a token together: the whole block of kThreads, or (mhc_pre_cluster_kernel) a team
-// of kWarps warps from warp kFirstWarp on, which synchronizes at named barrier kBarrier.
-struct WholeBlock {
-  static constexpr int kCount = kThreads;
-  static DSV4_DEVICE unsigned index() { return threadIdx.x; }
-  static DSV4_DEVICE void sync() { __syncthreads(); }
-};
-
-// Sum over the team's threads (a fixed order), scratch holding a float per half-warp group.
-template <class Team = WholeBlock>
 DSV4_DEVICE float block_sum(float value, float* scratch) {
   value = group_sum<kHalfLanes>(value);
-  const int half = Team::index() / kHalfLanes;
-  if (Team::index() % kHalfLanes == 0) scratch[half] = value;
-  Team::sync();
+  const int half = threadIdx.x / kHalfLanes;
+  if (threadIdx.x % kHalfLanes == 0) scratch[half] = value;
+  __syncthreads();
   float total = 0.0f;
-  for (int i = 0; i < Team::kCount / kHalfLanes; ++i) total += scratch[i];
-  Team::sync();
+  for (int i = 0; i < kThreads / kHalfLanes; ++i) total += scratch[i];
+  __syncthreads();
   return total;
 }
 
@@ -680,11 +645,11 @@ struct PrefetchedVectors<0> {};
 
 // Read before the kernel's wait for the dots kernel (mhc_epilogue_collapse_kernel), so past the
 // multiprocessor's cache: the residual's writer finished before the dots kernel released this one.
-template <int kRounds, class Team = WholeBlock>
+template <int kRounds>
 DSV4_DEVICE void prefetch_vectors(const uint16_t* residual, int64_t hidden, PrefetchedVectors<kRounds>& prefetched) {
 #pragma unroll
   for (int round = 0; round < kRounds; ++round) {
-    const int64_t v = Team::index() + round * Team::kCount;
+    const int64_t v = threadIdx.x + round * kThreads;
     if (v < hidden / 8) {
 #pragma unroll
       for (int i = 0; i < mhc::kHcMult; ++i) {
@@ -696,7 +661,7 @@ DSV4_DEVICE void prefetch_vectors(const uint16_t* residual, int64_t hidden, Pref
 
 // layer_input of one token by the whole block, from its pre weights; the thread's first kRounds rounds of
 // vectors come in `prefetched`, the others are loaded here.
-template <int kRounds, class Team = WholeBlock>
+template <int kRounds>
 DSV4_DEVICE void collapse_token(const MhcPreArgs& args, int64_t token, const float (&pre)[mhc::kHcMult],
                                 float* scratch, const PrefetchedVectors<kRounds>& prefetched) {
   const uint16_t* residual = args.residual + token * mhc::kHcMult * args.hidden;
@@ -709,14 +674,14 @@ DSV4_DEVICE void collapse_token(const MhcPreArgs& args, int64_t token, const flo
     if constexpr (kRounds > 0) {
 #pragma unroll
       for (int round = 0; round < kRounds; ++round) {
-        const int64_t v = Team::index() + round * Team::kCount;
+        const int64_t v = threadIdx.x + round * kThreads;
         if (v < vectors) {
           collapse8(prefetched.raw[round], pre, values);
           visit(v, values);
         }
       }
     }
-    for (int64_t v = Team::index() + kRounds * Team::kCount; v < vectors; v += Team::kCount) {
+    for (int64_t v = threadIdx.x + kRounds * kThreads; v < vectors; v += kThreads) {
       StreamVectors raw;
       load_stream_vectors(residual, args.hidden, v, raw);
       collapse8(raw, pre, values);
@@ -730,7 +695,7 @@ DSV4_DEVICE void collapse_token(const MhcPreArgs& args, int64_t token, const flo
 #pragma unroll
       for (int j = 0; j < 8; ++j) squares += values[j] * values[j];
     });
-    norm = mhc::rms_factor(block_sum<Team>(squares, scratch), args.hidden, args.norm_eps);
+    norm = mhc::rms_factor(block_sum(squares, scratch), args.hidden, args.norm_eps);
   }
   for_each_vector([&](int64_t v, float(&values)[8]) {
     if (args.norm_weight != nullptr) {
@@ -778,275 +743,6 @@ __global__ void __launch_bounds__(kThreads) mhc_epilogue_collapse_kernel(MhcPreA
 #pragma unroll
   for (int i = 0; i < mhc::kHcMult; ++i) pre[i] = pre_shared[i];
   collapse_token(args, token, pre, scratch, prefetched);
-}
-
-// ---- NVIDIA sm_90: pre and hc_head in one kernel that reads the residual from DRAM once ---------------------
-// mhc_pre_cluster_kernel: persistent thread block clusters of kClusterBlocks blocks, cluster c taking the
-// kClusterTileTokens-token tiles c, c + clusters, ... Block `rank` owns slice `rank` of the flattened row (hidden /
-// 256 64-wide chunks), whose split fn (FnChunk images, from mhc_split_fn_kernel) stays in its shared memory for
-// the kernel's life. Per tile, its dot warps (4 16-token tiles x kClusterKParts parts of the slice) multiply the
-// tokens' runs of the slice, loaded from global memory kClusterAhead chunks ahead, into partial sums (k slice
-// rank * kClusterKParts + part: the layout of the other dots kernels, k_splits = kClusterSplits). Every thread of
-// the cluster then arrives at the cluster barrier. The block's epilogue warps wait there for the tile's phase, run
-// the epilogue of the tile's tokens rank * 4 .. rank * 4 + 3 (one warp a token) and collapse them, reading
-// their rows again: the cluster's dot warps loaded those rows from DRAM at most a tile earlier, so the L2
-// answers. Meanwhile the dot warps go on with the next tile (they wait for a tile's phase only before they arrive
-// at the next one), so that the loads go on through the epilogue's serial Sinkhorn chain and the collapse.
-constexpr int kNvidiaWarp = 32;  // the host's view of the device constant kWarpSize on NVIDIA
-constexpr int kClusterBlocks = 16;
-constexpr int kClusterTileTokens = 128;
-constexpr int kClusterMTiles = kClusterTileTokens / 16;  // 16-token MMA tiles (tile::kRows)
-constexpr int kClusterKParts = 1;
-constexpr int kClusterDotWarps = kClusterMTiles * kClusterKParts;
-constexpr int kClusterTokensPerBlock = kClusterTileTokens / kClusterBlocks;
-constexpr int kClusterEpilogueWarps = kClusterTokensPerBlock;  // one a token's epilogue (32 lanes)
-constexpr int kClusterThreads = (kClusterDotWarps + kClusterEpilogueWarps) * kNvidiaWarp;
-constexpr int kClusterSplits = kClusterBlocks * kClusterKParts;
-constexpr int kClusterAhead = 1;          // chunks of a dot warp's loads in flight beyond the one it multiplies
-constexpr int kClusterEpilogueBarrier = 1;  // the epilogue warps' named barrier
-// Chunks of a block's slice its shared memory holds: as split images (FnChunk), hidden <= 5120; in fp32
-// (FnChunkF32, split as the dot warps read it), hidden <= 8192.
-constexpr int kClusterMaxSplitChunks = 20;
-constexpr int kClusterMaxF32Chunks = 32;
-constexpr int kClusterCollapseRounds = 2;  // a token's collapse vectors an epilogue thread loads at once (hidden 4096)
-constexpr int64_t kClusterMinTokens = 256;  // (the workspace then holds the split fn: presplit_fn)
-
-#if !defined(__HIPCC__)
-struct ClusterEpilogueTeam {
-  static constexpr int kCount = kClusterEpilogueWarps * kNvidiaWarp;
-  static DSV4_DEVICE unsigned index() { return threadIdx.x - kClusterDotWarps * kNvidiaWarp; }
-  static DSV4_DEVICE void sync() { ptx::bar_sync(kClusterEpilogueBarrier, kCount); }
-};
-
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-// A dot warp's share of a tile: its 16 tokens from warp_token times chunks [c0, c1) of the block's slice (whose
-// first chunk is first_chunk of the row), into k slice `split` of the partial sums.
-template <int kMixes, class Slice>
-DSV4_DEVICE void cluster_slice_dots(const MhcPreArgs& args, const Slice* planes, int64_t first_chunk, int c0, int c1,
-                                    int64_t warp_token, int split, int lane) {
-  using Chunk = FnChunk<kMixes>;
-  using Runs = uint4[tile::kRowsPerLane][2];
-  constexpr int kSlots = kClusterAhead + 1;
-  const int64_t count = mhc::kHcMult * args.hidden;
-  const uint16_t* rows[tile::kRowsPerLane];
-  bool valid[tile::kRowsPerLane];
-#pragma unroll
-  for (int i = 0; i < tile::kRowsPerLane; ++i) {
-    const int64_t token = warp_token + tile::a_row(lane, i);
-    valid[i] = token < args.tokens;
-    rows[i] = args.residual + (valid[i] ? token : 0) * count + first_chunk * tile::kChunk +
-              tile::run_of(lane) * tile::kRunLength;
-  }
-  const auto load = [&](int c, Runs& runs) {
-#pragma unroll
-    for (int i = 0; i < tile::kRowsPerLane; ++i) {
-      if (valid[i]) {
-        const uint4* source = reinterpret_cast<const uint4*>(rows[i] + int64_t{c} * tile::kChunk);
-        runs[i][0] = source[0];
-        runs[i][1] = source[1];
-      } else {
-        runs[i][0] = runs[i][1] = make_uint4(0u, 0u, 0u, 0u);
-      }
-    }
-  };
-  float acc[Chunk::kColTiles][tile::kAccumulators];
-  LaneSquares squares;
-#pragma unroll
-  for (int c = 0; c < Chunk::kColTiles; ++c) {
-#pragma unroll
-    for (int e = 0; e < tile::kAccumulators; ++e) acc[c][e] = 0.0f;
-  }
-#pragma unroll
-  for (int i = 0; i < tile::kRowsPerLane; ++i) squares[i] = 0.0f;
-  // A ring of kSlots chunks' runs in registers: chunk c in slot (c - c0) % kSlots (unrolled: static indices).
-  Runs ring[kSlots];
-#pragma unroll
-  for (int j = 0; j < kClusterAhead; ++j) {
-    if (c0 + j < c1) load(c0 + j, ring[j]);
-  }
-  for (int base = c0; base < c1; base += kSlots) {
-#pragma unroll
-    for (int s = 0; s < kSlots; ++s) {
-      const int c = base + s;
-      if (c < c1) {
-        if (c + kClusterAhead < c1) load(c + kClusterAhead, ring[(s + kClusterAhead) % kSlots]);  // the last slot used
-        accumulate_chunk<kMixes, Slice>(acc, squares, ring[s], planes[c], lane);
-      }
-    }
-  }
-  write_partials<kMixes>(args, split, warp_token, lane, acc, squares);
-}
-#endif  // __CUDA_ARCH__ >= 900
-
-// Slice: FnChunk (the block's chunks copied from the split images of mhc_split_fn_kernel in split_fn) or
-// FnChunkF32 (loaded from fn; split_fn unused).
-template <int kMixes, class Slice>
-__global__ void __launch_bounds__(kClusterThreads, 1)
-    mhc_pre_cluster_kernel(MhcPreArgs args, const FnChunk<kMixes>* split_fn) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  static_assert(kWarpSize == kNvidiaWarp, "NVIDIA warps");
-  DSV4_DYNAMIC_SHARED(uint4, cluster_shared, 16);
-  const Slice* const planes = reinterpret_cast<const Slice*>(cluster_shared);
-  __shared__ float pre_shared[kClusterTokensPerBlock][mhc::kHcMult];
-  __shared__ float scratch[ClusterEpilogueTeam::kCount / kHalfLanes];
-  const int rank = static_cast<int>(cluster_block_rank());
-  const int64_t cluster = blockIdx.x / kClusterBlocks;
-  const int64_t clusters = gridDim.x / kClusterBlocks;
-  const int slice_chunks = static_cast<int>(mhc::kHcMult * args.hidden / tile::kChunk / kClusterBlocks);
-  const int64_t first_chunk = int64_t{rank} * slice_chunks;
-  const int64_t tiles = (args.tokens + kClusterTileTokens - 1) / kClusterTileTokens;  // >= clusters (launcher)
-  const int warp = static_cast<int>(threadIdx.x) / kWarpSize;
-  const int lane = static_cast<int>(threadIdx.x) % kWarpSize;
-  wait_for_previous_kernel();  // the split of fn, or the residual's writer
-  release_dependents();
-  if constexpr (std::is_same_v<Slice, FnChunk<kMixes>>) {
-    const int64_t pieces = int64_t{slice_chunks} * Slice::kUint4s;
-    const uint4* source = reinterpret_cast<const uint4*>(split_fn + first_chunk);
-    for (int64_t i = threadIdx.x; i < pieces; i += kClusterThreads) cluster_shared[i] = source[i];
-  } else {
-    float4* target = reinterpret_cast<float4*>(cluster_shared);
-    const int64_t count = mhc::kHcMult * args.hidden;
-    for (int64_t i = threadIdx.x; i < int64_t{slice_chunks} * Slice::kFloat4s; i += kClusterThreads) {
-      const int64_t chunk = i / Slice::kFloat4s;
-      const int f = static_cast<int>(i % Slice::kFloat4s);
-      target[i] = Slice::load(args.fn, count, (first_chunk + chunk) * tile::kChunk, f);
-    }
-  }
-  __syncthreads();
-  if (warp < kClusterDotWarps) {
-    const int m_tile = warp % kClusterMTiles;
-    const int part = warp / kClusterMTiles;
-    const int c0 = slice_chunks * part / kClusterKParts;
-    const int c1 = slice_chunks * (part + 1) / kClusterKParts;
-    for (int64_t tile_index = cluster; tile_index < tiles; tile_index += clusters) {
-      const int64_t warp_token = tile_index * kClusterTileTokens + m_tile * tile::kRows;
-      cluster_slice_dots<kMixes, Slice>(args, planes, first_chunk, c0, c1, warp_token, rank * kClusterKParts + part,
-                                        lane);
-      if (tile_index != cluster) cluster_wait();  // the previous tile's phase: every warp has arrived there
-      cluster_arrive();                           // this tile's partial sums written
-    }
-    cluster_wait();
-  } else {
-    // The collapse is latency-bound unless many loads are in flight: a token's first kClusterCollapseRounds
-    // rounds of vectors load together (the first token's before the tile's wait, so that they land during the
-    // epilogue's Sinkhorn chain).
-    using Team = ClusterEpilogueTeam;
-    using Vectors = PrefetchedVectors<kClusterCollapseRounds>;
-    const int team_warp = warp - kClusterDotWarps;
-    const auto row = [&](int64_t token) { return args.residual + token * mhc::kHcMult * args.hidden; };
-    for (int64_t tile_index = cluster; tile_index < tiles; tile_index += clusters) {
-      const int64_t first_token = tile_index * kClusterTileTokens + rank * kClusterTokensPerBlock;
-      const int64_t left = args.tokens - first_token;
-      const int count =
-          static_cast<int>(left < kClusterTokensPerBlock ? (left > 0 ? left : 0) : kClusterTokensPerBlock);
-      Vectors current;
-      if (count > 0) prefetch_vectors<kClusterCollapseRounds, Team>(row(first_token), args.hidden, current);
-      cluster_arrive();
-      cluster_wait();  // the tile's partial sums, from every block of the cluster
-      if (team_warp < count) {
-        epilogue_token<kMixes, kNvidiaWarp>(args, first_token + team_warp, lane, true, pre_shared[team_warp]);
-      }
-      Team::sync();
-#pragma unroll
-      for (int j = 0; j < kClusterTokensPerBlock; ++j) {
-        if (j >= count) break;
-        Vectors next;
-        if (j + 1 < count) prefetch_vectors<kClusterCollapseRounds, Team>(row(first_token + j + 1), args.hidden, next);
-        float pre[mhc::kHcMult];
-#pragma unroll
-        for (int i = 0; i < mhc::kHcMult; ++i) pre[i] = pre_shared[j][i];
-        collapse_token<kClusterCollapseRounds, Team>(args, first_token + j, pre, scratch, current);
-        current = next;
-      }
-      Team::sync();  // pre_shared read before the next tile's epilogue writes it
-    }
-  }
-#else
-  (void)args;
-  (void)split_fn;
-#if DSV4_DEVICE_PASS
-  device_trap();  // clusters need sm_90: the launcher picks this kernel only where they run
-#endif
-#endif
-}
-
-// Whether a block of mhc_pre_cluster_kernel keeps its slice in fp32 (FnChunkF32) rather than as split images, and
-// the slice's shared memory.
-bool cluster_slice_f32(int64_t slice_chunks) { return slice_chunks > kClusterMaxSplitChunks; }
-template <int kMixes>
-size_t cluster_slice_bytes(int64_t slice_chunks) {
-  return static_cast<size_t>(slice_chunks) *
-         (cluster_slice_f32(slice_chunks) ? sizeof(FnChunkF32<kMixes>) : sizeof(FnChunk<kMixes>));
-}
-
-// Clusters of mhc_pre_cluster_kernel<kMixes, Slice> resident at once on the current device (with its largest
-// slice), asked once per device; 0 where it cannot run (before sm_90, or the runtime refuses the cluster).
-template <int kMixes, class Slice>
-int cluster_pre_resident_clusters() {
-  constexpr int kMaxDevices = 64;
-  static int known[kMaxDevices] = {};  // 0: not asked yet, -1: none
-  const int device = current_device();
-  if (device < 0 || device >= kMaxDevices) return 0;
-  if (known[device] == 0) {
-    constexpr auto kernel = mhc_pre_cluster_kernel<kMixes, Slice>;
-    constexpr bool kF32 = !std::is_same_v<Slice, FnChunk<kMixes>>;
-    const int shared_bytes = static_cast<int>((kF32 ? kClusterMaxF32Chunks : kClusterMaxSplitChunks) * sizeof(Slice));
-    int major = 0;
-    int clusters = 0;
-    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) == cudaSuccess && major >= 9 &&
-        cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) == cudaSuccess &&
-        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, shared_bytes) == cudaSuccess) {
-      cudaLaunchAttribute attribute = {};
-      attribute.id = cudaLaunchAttributeClusterDimension;
-      attribute.val.clusterDim.x = kClusterBlocks;
-      attribute.val.clusterDim.y = 1;
-      attribute.val.clusterDim.z = 1;
-      cudaLaunchConfig_t config = {};
-      config.gridDim = dim3(kClusterBlocks);
-      config.blockDim = dim3(kClusterThreads);
-      config.dynamicSmemBytes = static_cast<size_t>(shared_bytes);
-      config.attrs = &attribute;
-      config.numAttrs = 1;
-      if (cudaOccupancyMaxActiveClusters(&clusters, kernel, &config) != cudaSuccess) clusters = 0;
-    }
-    (void)cudaGetLastError();  // a refusal is an answer, not an error for the next launch to report
-    known[device] = clusters > 0 ? clusters : -1;
-  }
-  return known[device] > 0 ? known[device] : 0;
-}
-#endif  // !__HIPCC__
-
-#if !defined(__HIPCC__)
-// The resident clusters of the instance that serves `mixes` with slices of `slice_chunks` chunks.
-int cluster_pre_clusters(int mixes, int64_t slice_chunks) {
-  const bool f32 = cluster_slice_f32(slice_chunks);
-  if (mixes == mhc::kPreMixes) {
-    return f32 ? cluster_pre_resident_clusters<mhc::kPreMixes, FnChunkF32<mhc::kPreMixes>>()
-               : cluster_pre_resident_clusters<mhc::kPreMixes, FnChunk<mhc::kPreMixes>>();
-  }
-  return f32 ? cluster_pre_resident_clusters<mhc::kHeadMixes, FnChunkF32<mhc::kHeadMixes>>()
-             : cluster_pre_resident_clusters<mhc::kHeadMixes, FnChunk<mhc::kHeadMixes>>();
-}
-#endif
-
-// Whether mhc_pre_cluster_kernel serves pre (or hc_head) of `tokens` at `hidden`: NVIDIA sm_90 and later, from
-// kClusterMinTokens tokens, where the flattened row splits into kClusterBlocks slices of whole chunks that fit a
-// block's shared memory.
-bool cluster_pre_serves(int64_t tokens, int64_t hidden, int mixes) {
-#if defined(__HIPCC__)
-  (void)tokens;
-  (void)hidden;
-  (void)mixes;
-  return false;
-#else
-  const int64_t count = mhc::kHcMult * hidden;
-  const int64_t slice_chunks = count / tile::kChunk / kClusterBlocks;
-  if (tokens < kClusterMinTokens || count % (int64_t{tile::kChunk} * kClusterBlocks) != 0 ||
-      slice_chunks > kClusterMaxF32Chunks) {
-    return false;
-  }
-  return cluster_pre_clusters(mixes, slice_chunks) > 0;
-#endif
 }
 
 __global__ void __launch_bounds__(kThreads) mhc_post_kernel(MhcPostArgs args) {
@@ -1158,43 +854,23 @@ void launch_pre_kernels(const MhcPreArgs& args, hipStream_t stream, const MhcPos
   using Unsplit = std::false_type;
   using OneTile = std::integral_constant<int, 1>;
   using TwoTiles = std::integral_constant<int, 2>;
-  // fn split once into the workspace (kByStream: the fused dots' stream-interleaved chunks). A grid-stride loop:
-  // the vector count here need only be about right (FnChunk's tile width is a device-pass constant).
-  auto* split_fn = reinterpret_cast<FnChunk<kMixes>*>(args.partials + layout.split_fn);
-  const auto split = [&](auto by_stream) {
-    const int64_t vectors = count / tile::kChunk * split_chunk_bytes_bound(kMixes) / (kSplitPlanes * 2 * 4);
-    hipLaunchKernelGGL((mhc_split_fn_kernel<kMixes, decltype(by_stream)::value>), dim3(elementwise_blocks(vectors)),
-                       dim3(kThreads), 0, stream, args.fn, count, split_fn);
-  };
-#if !defined(__HIPCC__)
-  if (post == nullptr && cluster_pre_serves(args.tokens, args.hidden, kMixes)) {
-    const int64_t slice_chunks = count / tile::kChunk / kClusterBlocks;
-    const bool f32 = cluster_slice_f32(slice_chunks);
-    if (!f32) split(std::false_type{});
-    const int64_t tiles = (args.tokens + kClusterTileTokens - 1) / kClusterTileTokens;
-    const int64_t resident = cluster_pre_clusters(kMixes, slice_chunks);
-    const dim3 grid(static_cast<unsigned>((tiles < resident ? tiles : resident) * kClusterBlocks));
-    const auto launch = [&](auto kernel) {
-      launch_overlapping_in_clusters(kernel, grid, dim3(kClusterThreads), cluster_slice_bytes<kMixes>(slice_chunks),
-                                     stream, kClusterBlocks, args, static_cast<const FnChunk<kMixes>*>(split_fn));
-    };
-    if (f32) {
-      launch(mhc_pre_cluster_kernel<kMixes, FnChunkF32<kMixes>>);
-    } else {
-      launch(mhc_pre_cluster_kernel<kMixes, FnChunk<kMixes>>);
-    }
-    return;
-  }
-#endif
   if (presplit_fn(args.tokens)) {
-    bool by_stream = false;
+    auto* split_fn = reinterpret_cast<FnChunk<kMixes>*>(args.partials + layout.split_fn);
+    // A grid-stride loop: the vector count here need only be about right (FnChunk's tile width is a
+    // device-pass constant).
+    const int64_t vectors = count / tile::kChunk * split_chunk_bytes_bound(kMixes) / (kSplitPlanes * 2 * 4);
+    bool by_stream = false;  // the fused dots' stream-interleaved chunks
     if constexpr (kMixes == mhc::kPreMixes && kFusedDots) {
       if (post != nullptr) {
-        split(std::true_type{});
+        hipLaunchKernelGGL((mhc_split_fn_kernel<kMixes, true>), dim3(elementwise_blocks(vectors)), dim3(kThreads), 0,
+                           stream, args.fn, count, split_fn);
         by_stream = true;
       }
     }
-    if (!by_stream) split(std::false_type{});
+    if (!by_stream) {
+      hipLaunchKernelGGL((mhc_split_fn_kernel<kMixes>), dim3(elementwise_blocks(vectors)), dim3(kThreads), 0, stream,
+                         args.fn, count, split_fn);
+    }
     // Overlapping the split, whose run the dots blocks' first residual loads then overlap.
     const auto* chunks = static_cast<const FnChunk<kMixes>*>(split_fn);
     if (dots_tiles_per_warp(args.tokens) == 2) {
@@ -1273,7 +949,6 @@ int64_t dots_wave_blocks(int64_t tokens) {
 }  // namespace
 
 int mhc_pre_k_splits(int64_t tokens, int64_t hidden, int mixes) {
-  if (cluster_pre_serves(tokens, hidden, mixes)) return kClusterSplits;
   // Slices are ranges of 64-wide chunks of the flattened row.
   const int64_t blocks = token_blocks(tokens);
   const int64_t chunks = mhc::kHcMult * hidden / tile::kChunk;
@@ -1289,10 +964,6 @@ int mhc_pre_k_splits(int64_t tokens, int64_t hidden, int mixes) {
   // step more than the extra dots blocks save.
   splits = splits < kMaxSplits ? splits : kMaxSplits;
   return static_cast<int>(splits < 1 ? 1 : splits);
-}
-
-bool mhc_pre_in_one_kernel(int64_t tokens, int64_t hidden, int mixes) {
-  return cluster_pre_serves(tokens, hidden, mixes);
 }
 
 int64_t mhc_pre_workspace_floats(int64_t tokens, int64_t hidden, int mixes) {

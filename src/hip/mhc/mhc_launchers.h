@@ -45,9 +45,6 @@ namespace gpu {
 // it).
 int mhc_pre_k_splits(int64_t tokens, int64_t hidden, int mixes);
 int64_t mhc_pre_workspace_floats(int64_t tokens, int64_t hidden, int mixes);
-// Whether pre (or hc_head) of `tokens` at `hidden` runs as one kernel of thread block clusters on the current
-// device (NVIDIA sm_90 and later), reading the residual from DRAM once.
-bool mhc_pre_in_one_kernel(int64_t tokens, int64_t hidden, int mixes);
 LaunchStatus launch_mhc_pre(const MhcPreArgs& args, void* stream);
 LaunchStatus launch_mhc_post(const MhcPostArgs& args, void* stream);
 // post, then pre on its output (pre.residual must be post.out, pre.mixes 24). AMD: post made inside pre's

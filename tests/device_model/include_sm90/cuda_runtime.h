@@ -10,7 +10,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <map>
-#include <set>
 
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ != 900
 #error "define __CUDA_ARCH__=900: the sm_90a paths are the ones modelled"
@@ -77,10 +76,7 @@ enum cudaDeviceAttr {
   cudaDevAttrComputeCapabilityMajor = 75,
   cudaDevAttrComputeCapabilityMinor = 76,
 };
-enum cudaFuncAttribute {
-  cudaFuncAttributeMaxDynamicSharedMemorySize = 8,
-  cudaFuncAttributeNonPortableClusterSizeAllowed = 11,
-};
+enum cudaFuncAttribute { cudaFuncAttributeMaxDynamicSharedMemorySize = 8 };
 
 // The launchers' error query ends their launches: whatever the model held back runs first.
 inline cudaError_t cudaGetLastError() {
@@ -123,23 +119,12 @@ inline std::map<const void*, size_t>& shared_opt_ins() {
   static std::map<const void*, size_t> opt_ins;
   return opt_ins;
 }
-// Clusters of more than 8 blocks (up to 16) need the kernel's opt-in too.
-inline constexpr int kPortableClusterBlocks = 8;
-inline constexpr int kNonPortableClusterBlocks = 16;
-inline std::set<const void*>& non_portable_cluster_opt_ins() {
-  static std::set<const void*> opt_ins;
-  return opt_ins;
-}
-inline int max_cluster_blocks(const void* kernel) {
-  return non_portable_cluster_opt_ins().count(kernel) != 0 ? kNonPortableClusterBlocks : kPortableClusterBlocks;
-}
 template <typename... Params, typename... Args>
 cudaError_t launch_checked(void (*kernel)(Params...), dim3 grid, dim3 block, size_t shared_bytes, bool overlapping,
                            int cluster_blocks, const Args&... args) {
   const auto opt_in = shared_opt_ins().find(reinterpret_cast<const void*>(kernel));
   const size_t allowed = opt_in == shared_opt_ins().end() ? kSharedBytesWithoutOptIn : opt_in->second;
   if (shared_bytes > allowed) return cudaErrorInvalidValue;  // stays for the next error query, as the runtime's
-  if (cluster_blocks > max_cluster_blocks(reinterpret_cast<const void*>(kernel))) return cudaErrorInvalidValue;
   return static_cast<cudaError_t>(
       launch_kernel(kernel, grid, block, shared_bytes, overlapping, cluster_blocks, args...));
 }
@@ -147,20 +132,11 @@ cudaError_t launch_checked(void (*kernel)(Params...), dim3 grid, dim3 block, siz
 
 template <typename... Params>
 cudaError_t cudaFuncSetAttribute(void (*kernel)(Params...), cudaFuncAttribute attribute, int value) {
-  const void* key = reinterpret_cast<const void*>(kernel);
-  if (attribute == cudaFuncAttributeNonPortableClusterSizeAllowed && (value == 0 || value == 1)) {
-    if (value == 1) {
-      ::dsv4_sim::non_portable_cluster_opt_ins().insert(key);
-    } else {
-      ::dsv4_sim::non_portable_cluster_opt_ins().erase(key);
-    }
-    return cudaSuccess;
-  }
   if (attribute != cudaFuncAttributeMaxDynamicSharedMemorySize || value < 0 ||
       static_cast<size_t>(value) > ::dsv4_sim::chip().lds_bytes) {
     return cudaErrorInvalidValue;
   }
-  ::dsv4_sim::shared_opt_ins()[key] = static_cast<size_t>(value);
+  ::dsv4_sim::shared_opt_ins()[reinterpret_cast<const void*>(kernel)] = static_cast<size_t>(value);
   return cudaSuccess;
 }
 
@@ -203,31 +179,6 @@ cudaError_t cudaLaunchKernelEx(const cudaLaunchConfig_t* config, void (*kernel)(
   }
   return ::dsv4_sim::launch_checked(kernel, config->gridDim, config->blockDim, config->dynamicSmemBytes, overlapping,
                                     cluster_blocks, args...);
-}
-
-// Two clusters at once, whatever the kernel (as cudaOccupancyMaxActiveBlocksPerMultiprocessor above), where the
-// launch would be accepted: cluster blocks along x within the kernel's limit, shared memory within its opt-in.
-template <typename... Params>
-cudaError_t cudaOccupancyMaxActiveClusters(int* clusters, void (*kernel)(Params...), const cudaLaunchConfig_t* config) {
-  const void* key = reinterpret_cast<const void*>(kernel);
-  int cluster_blocks = 1;
-  for (unsigned i = 0; i < config->numAttrs; ++i) {
-    if (config->attrs[i].id == cudaLaunchAttributeClusterDimension) {
-      const auto& cluster = config->attrs[i].val.clusterDim;
-      if (cluster.y != 1 || cluster.z != 1) ::dsv4_sim::model_error("clusters along y or z are not modelled");
-      cluster_blocks = static_cast<int>(cluster.x);
-    }
-  }
-  const auto opt_in = ::dsv4_sim::shared_opt_ins().find(key);
-  const size_t allowed = opt_in == ::dsv4_sim::shared_opt_ins().end() ? ::dsv4_sim::kSharedBytesWithoutOptIn
-                                                                      : opt_in->second;
-  const bool fits = cluster_blocks >= 1 && cluster_blocks <= ::dsv4_sim::max_cluster_blocks(key) &&
-                    config->dynamicSmemBytes <= allowed;
-  if (!fits) {
-    return cudaErrorInvalidValue;
-  }
-  *clusters = 2;
-  return cudaSuccess;
 }
 
 // A kernel parameter passed by its address in the parameter space (tensor maps): a plain parameter here.

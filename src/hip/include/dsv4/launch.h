@@ -185,12 +185,6 @@ DSV4_DEVICE uint32_t cluster_block_rank() { return ptx::cluster_ctarank(); }
 
 DSV4_DEVICE void cluster_barrier() { ptx::barrier_cluster_arrive_wait(); }
 
-// The cluster barrier in two halves: every thread of the cluster arrives once per phase and waits for that
-// phase before it arrives again; between the two it may work on (release/acquire as above: what a thread
-// wrote before its arrival, in shared or global memory, is seen by every thread of the cluster after its wait).
-DSV4_DEVICE void cluster_arrive() { ptx::barrier_cluster_arrive(); }
-DSV4_DEVICE void cluster_wait() { ptx::barrier_cluster_wait(); }
-
 DSV4_DEVICE float load_cluster_shared_f32(uint32_t shared_address, uint32_t rank) {
   return ptx::ld_shared_cluster_f32(shared_address, rank);
 }

@@ -59,8 +59,7 @@ DSV4_DEVICE void griddepcontrol_launch_dependents() {
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 }
 
-// Thread block clusters (sm_90+): %cluster_ctarank; barrier.cluster.arrive.release + wait.acquire, together or
-// apart (split phase: a thread arrives, may work on, and waits for the phase before its next arrival); a float
+// Thread block clusters (sm_90+): %cluster_ctarank; barrier.cluster.arrive.release + wait.acquire; a float
 // loaded (ld.shared::cluster) from the shared memory of the cluster's block `rank` at the address that
 // `shared_address` (a shared-window address of this block) maps to there (mapa).
 DSV4_DEVICE uint32_t cluster_ctarank() {
@@ -72,8 +71,6 @@ DSV4_DEVICE uint32_t cluster_ctarank() {
 DSV4_DEVICE void barrier_cluster_arrive_wait() {
   asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
 }
-DSV4_DEVICE void barrier_cluster_arrive() { asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory"); }
-DSV4_DEVICE void barrier_cluster_wait() { asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory"); }
 
 DSV4_DEVICE float ld_shared_cluster_f32(uint32_t shared_address, uint32_t rank) {
   uint32_t remote;

@@ -34,8 +34,6 @@ DSV4_DEVICE void griddepcontrol_launch_dependents() {}
 
 DSV4_DEVICE uint32_t cluster_ctarank() { return static_cast<uint32_t>(::dsv4_sim::cluster_rank()); }
 DSV4_DEVICE void barrier_cluster_arrive_wait() { ::dsv4_sim::sync_cluster(); }
-DSV4_DEVICE void barrier_cluster_arrive() { ::dsv4_sim::arrive_cluster(); }
-DSV4_DEVICE void barrier_cluster_wait() { ::dsv4_sim::wait_cluster(); }
 DSV4_DEVICE float ld_shared_cluster_f32(uint32_t shared_address, uint32_t rank) {
   return ::dsv4_sim::load_cluster_shared_f32(shared_address, static_cast<int>(rank));
 }
