@@ -1220,10 +1220,6 @@ DSV4_DEVICE uint32_t f16x2_inverse_power_of_two(int d) {
   return half | (half << 16);
 }
 
-DSV4_DEVICE uint32_t f16x2_multiply(uint32_t a, uint32_t b) { return ptx::mul_rn_f16x2(a, b); }
-
-DSV4_DEVICE void store_shared_f32(uint32_t address, float value) { ptx::st_shared_f32(address, value); }
-
 // K split over a cluster of kKSplit blocks: each block leaves its kAcc fp32 sums in its own shared memory at
 // `base` (entry i of thread t at word i * kThreads + t), and thread t adds the entries of its block's share,
 // pairs i / 2 with (i / 2) % kKSplit == rank, over the blocks in rank order (the same order wherever it runs);
@@ -1233,7 +1229,7 @@ DSV4_DEVICE void add_sums_over_cluster(const float (&sums)[kAcc], float (&totals
                                        int rank) {
   const auto entry_address = [&](int i) { return base + static_cast<uint32_t>((i * kThreads + tid) * 4); };
 #pragma unroll
-  for (int i = 0; i < kAcc; ++i) store_shared_f32(entry_address(i), sums[i]);
+  for (int i = 0; i < kAcc; ++i) ptx::st_shared_f32(entry_address(i), sums[i]);
   cluster_barrier();
 #pragma unroll
   for (int i = 0; i < kAcc; ++i) {
@@ -1378,12 +1374,12 @@ __global__ void __launch_bounds__(128 * kWarpGroups) bmm_wgmma_f16_kernel(BmmA8W
   }
   const bool scaled_in_f16 = __syncthreads_and(within) != 0;
 
-  // B of the K block in stage `slot` into f16 copy `copy_index` (the block's number % 2; two 64-wide atoms of kBlockN 128-byte rows in
-  // the 128-byte swizzle). Chunk c = tid + j * threads of B's part: row c / 8, stored at column q = tid % 8,
-  // holding FP8 bytes 16 p .. 16 p + 15 with p = q ^ (row % 8), which become step p's 16 slots: the low halves
-  // of its 4 words at slots 0..7, the high halves at 8..15. Threads with p >= 4 store the high halves first
-  // (their words' halves swapped before the conversion), so that each store of the 8 threads of a row covers
-  // all 8 16-byte bank groups (p and p + 4 land on the same ones, an atom apart).
+  // B of the K block in stage `slot` into f16 copy `copy_index` (the block's number % 2; two 64-wide atoms of kBlockN
+  // 128-byte rows in the 128-byte swizzle). Chunk c = tid + j * threads of B's part: row c / 8, stored at column q =
+  // tid % 8, holding FP8 bytes 16 p .. 16 p + 15 with p = q ^ (row % 8), which become step p's 16 slots: the low halves
+  // of its 4 words at slots 0..7, the high halves at 8..15. Threads with p >= 4 store the high halves first (their
+  // words' halves swapped before the conversion), so that each store of the 8 threads of a row covers all 8 16-byte
+  // bank groups (p and p + 4 land on the same ones, an atom apart).
   constexpr int kBChunks = kBlockN * 8 / Shape::kThreads;
   const int convert_row = tid / 8;
   const int convert_step = (tid % 8) ^ (convert_row % 8);
@@ -1431,10 +1427,10 @@ __global__ void __launch_bounds__(128 * kWarpGroups) bmm_wgmma_f16_kernel(BmmA8W
         ocp_fp8x4_to_f16x4(words[2 * q], f[0], f[2]);
         ocp_fp8x4_to_f16x4(words[2 * q + 1], f[1], f[3]);
         if (scale) {
-          f[0] = f16x2_multiply(f[0], factor_lo);
-          f[2] = f16x2_multiply(f[2], factor_lo);
-          f[1] = f16x2_multiply(f[1], factor_hi);
-          f[3] = f16x2_multiply(f[3], factor_hi);
+          f[0] = ptx::mul_rn_f16x2(f[0], factor_lo);
+          f[2] = ptx::mul_rn_f16x2(f[2], factor_lo);
+          f[1] = ptx::mul_rn_f16x2(f[1], factor_hi);
+          f[3] = ptx::mul_rn_f16x2(f[3], factor_hi);
         }
       }
     }
@@ -1682,8 +1678,9 @@ __global__ void __launch_bounds__(128 * kWarpGroups) bmm_wgmma_f16_kernel(BmmA8W
 
 // ---- Decode sizes on f16 wgmma: the weight as the A operand ----
 // bmm_wgmma_f16_small_m_kernel: the fp32 sums for M <= 64 (taken from 33 rows), where the op streams the weight
-// once and the tokens are few. The roles of bmm_wgmma_f16_kernel are swapped: the weight rows are the MMA's M dimension (a block owns
-// 128 of them, one row block of w_scale; a warp group 64) and go from global memory straight into registers,
+// once and the tokens are few. The roles of bmm_wgmma_f16_kernel are swapped: the weight rows are the MMA's M
+// dimension (a block owns 128 of them, one row block of w_scale; a warp group 64) and go from global memory
+// straight into registers,
 // kSmallMWeightAhead K blocks ahead, where they become the f16 A fragments; the tokens are its N dimension (64,
 // the ones past M zero), converted to f16 by all threads once per K block into a ring of kSmallMTokenStages
 // shared copies that both warp groups read. No weight byte passes through shared memory, and each is converted
@@ -1731,11 +1728,7 @@ constexpr size_t small_m_shared_bytes() {
 }
 
 #if defined(DSV4_WGMMA)
-DSV4_DEVICE uint4 load_streaming_16(const uint8_t* address) { return ptx::ld_global_nc_l1_no_allocate_v4(address); }
-
 DSV4_DEVICE uint32_t word_of(const uint4& v, int i) { return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w; }
-
-DSV4_DEVICE void store_shared_u32(uint32_t address, uint32_t value) { ptx::st_shared_b32(address, value); }
 
 // One output at `offset` of out, fp32 or bf16.
 DSV4_DEVICE void store_output_one(const BmmA8W8MxScaleArgs& args, int64_t offset, float v) {
@@ -1788,10 +1781,10 @@ __global__ void __launch_bounds__(kSmallMThreads) bmm_wgmma_f16_small_m_kernel(B
   };
   const auto load_weight = [&](int64_t kb, WeightBytes& b) {
     const int64_t offset = (k_first + kb) * kBlockK;
-    b.lo[0] = load_streaming_16(w_lo + offset);
-    b.lo[1] = load_streaming_16(w_lo + offset + 16);
-    b.hi[0] = load_streaming_16(w_hi + offset);
-    b.hi[1] = load_streaming_16(w_hi + offset + 16);
+    b.lo[0] = ptx::ld_global_nc_l1_no_allocate_v4(w_lo + offset);
+    b.lo[1] = ptx::ld_global_nc_l1_no_allocate_v4(w_lo + offset + 16);
+    b.hi[0] = ptx::ld_global_nc_l1_no_allocate_v4(w_hi + offset);
+    b.hi[1] = ptx::ld_global_nc_l1_no_allocate_v4(w_hi + offset + 16);
   };
   WeightBytes raw[kSmallMWeightAhead];  // K block kb in raw[kb % kSmallMWeightAhead]
 #pragma unroll
@@ -1854,13 +1847,13 @@ __global__ void __launch_bounds__(kSmallMThreads) bmm_wgmma_f16_small_m_kernel(B
       uint32_t low, high;
       ocp_fp8x4_to_f16x4(word_of(t.v[s / 4], s % 4), low, high);
       if (scaled) {
-        low = f16x2_multiply(low, t.factor);
-        high = f16x2_multiply(high, t.factor);
+        low = ptx::mul_rn_f16x2(low, t.factor);
+        high = ptx::mul_rn_f16x2(high, t.factor);
       }
       const uint32_t atom = copy + static_cast<uint32_t>((s / 4) * kSmallMTokens * 128);
       const uint32_t chunk = static_cast<uint32_t>(2 * (s % 4));
-      store_shared_u32(atom + ((chunk ^ token_swizzle) * 16), low);
-      store_shared_u32(atom + (((chunk + 1) ^ token_swizzle) * 16), high);
+      ptx::st_shared_b32(atom + ((chunk ^ token_swizzle) * 16), low);
+      ptx::st_shared_b32(atom + (((chunk + 1) ^ token_swizzle) * 16), high);
     }
     if (!scaled && part == 0) token_scales[slot][copy_token] = static_cast<uint8_t>(t.xs);
   };

@@ -39,15 +39,13 @@ DSV4_DEVICE float ld_shared_cluster_f32(uint32_t shared_address, uint32_t rank) 
 }
 
 // ---- shared-window and streaming loads and stores ----------------------------------------------------
-DSV4_DEVICE void st_shared_f32(uint32_t address, float value) {
+template <typename T>
+DSV4_DEVICE void store_shared(uint32_t address, const T& value) {
   std::memcpy(::dsv4_sim::shared_pointer(address), &value, sizeof value);
 }
-DSV4_DEVICE void st_shared_b32(uint32_t address, uint32_t value) {
-  std::memcpy(::dsv4_sim::shared_pointer(address), &value, sizeof value);
-}
-DSV4_DEVICE void st_shared_v4_b32(uint32_t address, const uint4& value) {
-  std::memcpy(::dsv4_sim::shared_pointer(address), &value, sizeof value);
-}
+DSV4_DEVICE void st_shared_f32(uint32_t address, float value) { store_shared(address, value); }
+DSV4_DEVICE void st_shared_b32(uint32_t address, uint32_t value) { store_shared(address, value); }
+DSV4_DEVICE void st_shared_v4_b32(uint32_t address, const uint4& value) { store_shared(address, value); }
 DSV4_DEVICE uint4 ld_shared_v4_b32(uint32_t address) {
   uint4 value;
   std::memcpy(&value, ::dsv4_sim::shared_pointer(address), sizeof value);
