@@ -54,8 +54,8 @@ def bench_mhc(device, ceiling, compile_peers):
                 lambda r, x, p, c: reference.mhc_fused_post_pre(x, r, p, c, fn, scale, base),
                 lambda t: t * hidden * 2 + 2 * t * 4 * hidden * 2 + fn.numel() * 4 + t * hidden * 2 + 2 * t * 20 * 4),
             "hc_head": (
-                lambda r, x, p, c: torch.ops.dsv4.hc_head(r, head_fn, head_base, head_scale, EPS, EPS),
-                lambda r, x, p, c: reference.hc_head(r, head_fn, head_base, head_scale),
+                lambda r, x, p, c: torch.ops.dsv4.hc_head(r, head_fn, head_scale, head_base, EPS, EPS),
+                lambda r, x, p, c: reference.hc_head(r, head_fn, head_scale, head_base),
                 lambda t: t * 4 * hidden * 2 + head_fn.numel() * 4 + t * hidden * 2),
         }
 

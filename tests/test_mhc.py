@@ -174,6 +174,32 @@ def test_post_matches_reference(device, t, hidden, post_shape):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+def test_post_and_fused_accept_strided_mixes(device):
+    """spec §8: a strided post_mix ([T, 4, 1] or [T, 4]) is accepted, and a strided comb_mix too: the same bits as
+    their contiguous copies."""
+    t, hidden = 5, 256
+    residual = streams(t, hidden, seed=40).to(device)
+    x = torch.randn(t, hidden, generator=torch.Generator().manual_seed(41)).to(torch.bfloat16).to(device)
+    post, comb, _ = reference.mhc_pre(residual.cpu(), *params(hidden, seed=42, strength=30.0))
+    fn, scale, base = to(device, *params(hidden, seed=43))
+    post, comb = post.to(device), comb.to(device)
+    strided_posts = (torch.zeros(t, 4, 2, device=device)[..., :1].copy_(post),  # [T, 4, 1], stride (8, 2, 1)
+                     torch.zeros(t, 8, device=device)[:, ::2].copy_(post[:, :, 0]))  # [T, 4], stride (8, 2)
+    strided_comb = comb.transpose(1, 2).contiguous().transpose(1, 2)
+    want_post = torch.ops.dsv4.mhc_post(x, residual, post, comb)
+    want_fused = torch.ops.dsv4.mhc_fused_post_pre(x, residual, post, comb, fn, scale, base, EPS, EPS, EPS, 2.0, 20,
+                                                   None, EPS)
+    for post_mix in strided_posts:
+        for comb_mix in (comb, strided_comb):
+            assert not post_mix.is_contiguous()
+            assert_bits_equal(torch.ops.dsv4.mhc_post(x, residual, post_mix, comb_mix).cpu(), want_post.cpu())
+            got = torch.ops.dsv4.mhc_fused_post_pre(x, residual, post_mix, comb_mix, fn, scale, base, EPS, EPS, EPS,
+                                                    2.0, 20, None, EPS)
+            for g, w in zip(got, want_fused):
+                assert_bits_equal(g.cpu(), w.cpu())
+
+
+@pytest.mark.parametrize("device", DEVICES)
 # 64 and 65: the GPU's switch from the chained small-token kernels (each starting while the one before
 # finishes) to plain launches; 128 and 129: from one epilogue + collapse kernel to two; 17 with hidden 256: a
 # partial token tile over few chunks.
@@ -190,31 +216,49 @@ def test_fused_post_pre_with_post_mult_one(device, t, hidden):
     check_fused_post_pre(device, t, hidden, post_mult=1.0, seed=36, strength=10.0)
 
 
-def check_fused_post_pre(device, t, hidden, post_mult, seed, strength=1.0):
+@pytest.mark.parametrize("device", DEVICES)
+# 1 and 65: the GPU's chained small-token kernels and plain launches; 129: two epilogue + collapse kernels.
+@pytest.mark.parametrize("t,hidden", [(1, 4096), (65, 7168), (129, 4096)])
+def test_fused_post_pre_with_norm_weight(device, t, hidden):
+    """The optional weighted RMSNorm of layer_input (spec §2) in the fused op: post, then pre with the norm."""
+    weight = (torch.rand(hidden, generator=torch.Generator().manual_seed(44)) + 0.5).to(torch.bfloat16)
+    check_fused_post_pre(device, t, hidden, post_mult=2.0, seed=45, norm_weight=weight, norm_eps=1e-5)
+
+
+def check_fused_post_pre(device, t, hidden, post_mult, seed, strength=1.0, norm_weight=None, norm_eps=EPS):
     """The fused op against the reference, and bit for bit against our post followed by our pre."""
     residual = streams(t, hidden, seed=seed)
     x = torch.randn(t, hidden, generator=torch.Generator().manual_seed(seed + 1)).to(torch.bfloat16)
     post, comb, _ = reference.mhc_pre(residual, *params(hidden, seed=seed + 2))
     fn, scale, base = params(hidden, seed=seed + 3, strength=strength)
     args = to(device, x, residual, post, comb, fn, scale, base)
-    fused = torch.ops.dsv4.mhc_fused_post_pre(*args, EPS, EPS, EPS, post_mult, 20, None, EPS)
-    want = reference.mhc_fused_post_pre(x, residual, post, comb, fn, scale, base, post_mult=post_mult)
+    (device_weight,) = to(device, norm_weight)
+    fused = torch.ops.dsv4.mhc_fused_post_pre(*args, EPS, EPS, EPS, post_mult, 20, device_weight, norm_eps)
+    want = reference.mhc_fused_post_pre(x, residual, post, comb, fn, scale, base, post_mult=post_mult,
+                                        norm_weight=norm_weight, norm_eps=norm_eps)
     assert_bf16_close(fused[0], want[0], post_magnitude(x, residual, post, comb))
     torch.testing.assert_close(fused[1].cpu(), want[1], rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(fused[2].cpu(), want[2], rtol=0, atol=1e-5)
     # The pre half reads the bf16 new residual, which may differ from the reference's by a rounding in a
     # few values (checked just above): its collapse is compared with the reference pre of that same input.
     new_residual = fused[0].cpu()
-    want_post, want_comb, want_input = reference.mhc_pre(new_residual, fn, scale, base, post_mult=post_mult)
+    want_post, want_comb, want_input = reference.mhc_pre(new_residual, fn, scale, base, post_mult=post_mult,
+                                                         norm_weight=norm_weight, norm_eps=norm_eps)
     torch.testing.assert_close(fused[1].cpu(), want_post, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(fused[2].cpu(), want_comb, rtol=0, atol=1e-5)
-    assert_bf16_close(fused[3], want_input, collapse_magnitude(new_residual))
+    input_magnitude = collapse_magnitude(new_residual)
+    if norm_weight is not None:  # as test_pre_with_fused_norm: the terms' magnitudes times the norm's factor
+        unnormed = reference.mhc_pre(new_residual, fn, scale, base, post_mult=post_mult)[2].float()
+        factor = torch.rsqrt((unnormed * unnormed).mean(-1, keepdim=True) + norm_eps)
+        input_magnitude = input_magnitude * factor * norm_weight.float()
+    assert_bf16_close(fused[3], want_input, input_magnitude)
     # The documented contract: the new residual bit for bit as our post makes it, and the mixes and layer_input
     # as our pre makes them from it -- bit for bit on the CPU and on NVIDIA, which run the two; on AMD the dot
     # products run inside one kernel with post, in another order of their fp32 sums, so within the tolerances of
     # an fp32 sum.
     ours = torch.ops.dsv4.mhc_post(*args[:4])
-    unfused = (ours,) + tuple(torch.ops.dsv4.mhc_pre(ours, *args[4:], EPS, EPS, EPS, post_mult, 20, None, EPS))
+    unfused = (ours,) + tuple(torch.ops.dsv4.mhc_pre(ours, *args[4:], EPS, EPS, EPS, post_mult, 20, device_weight,
+                                                     norm_eps))
     assert_bits_equal(fused[0].cpu(), unfused[0].cpu())
     if device == "cpu" or torch.version.hip is None:
         for got, want_bits in zip(fused[1:], unfused[1:]):
@@ -222,7 +266,7 @@ def check_fused_post_pre(device, t, hidden, post_mult, seed, strength=1.0):
     else:
         torch.testing.assert_close(fused[1].cpu(), unfused[1].cpu(), rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(fused[2].cpu(), unfused[2].cpu(), rtol=0, atol=1e-5)
-        assert_bf16_close(fused[3], unfused[3].cpu(), collapse_magnitude(new_residual))
+        assert_bf16_close(fused[3], unfused[3].cpu(), input_magnitude)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -232,8 +276,8 @@ def check_fused_post_pre(device, t, hidden, post_mult, seed, strength=1.0):
 def test_hc_head_matches_reference(device, t, hidden):
     residual = streams(t, hidden, seed=14)
     fn, scale, base = params(hidden, mixes=4, scales=1, seed=15, strength=10.0)
-    got = torch.ops.dsv4.hc_head(*to(device, residual, fn, base, scale), EPS, EPS)
-    assert_bf16_close(got, reference.hc_head(residual, fn, base, scale), collapse_magnitude(residual))
+    got = torch.ops.dsv4.hc_head(*to(device, residual, fn, scale, base), EPS, EPS)
+    assert_bf16_close(got, reference.hc_head(residual, fn, scale, base), collapse_magnitude(residual))
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -244,9 +288,12 @@ def test_zero_tokens(device):
     assert post.shape == (0, 4, 1) and comb.shape == (0, 4, 4) and layer_input.shape == (0, 4096)
     x = torch.empty(0, 4096, dtype=torch.bfloat16, device=device)
     assert torch.ops.dsv4.mhc_post(x, residual, post, comb).shape == (0, 4, 4096)
-    head = torch.ops.dsv4.hc_head(residual, fn[:4].contiguous(), base[:4].contiguous(), scale[:1].contiguous(), EPS,
+    head = torch.ops.dsv4.hc_head(residual, fn[:4].contiguous(), scale[:1].contiguous(), base[:4].contiguous(), EPS,
                                   EPS)
     assert head.shape == (0, 4096)
+    fused = torch.ops.dsv4.mhc_fused_post_pre(x, residual, post, comb, fn, scale, base, EPS, EPS, EPS, 2.0, 20, None,
+                                              EPS)
+    assert [tuple(f.shape) for f in fused] == [(0, 4, 4096), (0, 4, 1), (0, 4, 4), (0, 4096)]
 
 
 R = torch.zeros(2, 4, 128, dtype=torch.bfloat16)
@@ -310,7 +357,7 @@ HEAD_FN, HEAD_SCALE, HEAD_BASE = params(128, mixes=4, scales=1)
 
 
 def _head_args(**over):
-    base = dict(residual=R, fn=HEAD_FN, base=HEAD_BASE, scale=HEAD_SCALE, rms_eps=EPS, eps=EPS)
+    base = dict(residual=R, fn=HEAD_FN, scale=HEAD_SCALE, base=HEAD_BASE, rms_eps=EPS, eps=EPS)
     base.update(over)
     return tuple(base.values())
 
@@ -378,11 +425,9 @@ def _fused_args(**over):
         (dict(post_mix=torch.zeros(2, 3)), r"post_mix must have shape \[2, 4, 1\] or \[2, 4\], got \[2, 3\]"),
         (dict(post_mix=torch.zeros(3, 4, 1)), r"post_mix must have shape \[2, 4, 1\] or \[2, 4\], got \[3, 4, 1\]"),
         (dict(post_mix=torch.zeros(2, 4, 2)), r"post_mix must have shape \[2, 4, 1\] or \[2, 4\], got \[2, 4, 2\]"),
-        (dict(post_mix=torch.zeros(2, 4, 2)[..., :1]), "post_mix must be contiguous"),
         (dict(comb_mix=COMB.double()), "comb_mix must have dtype float32, got float64"),
         (dict(comb_mix=torch.zeros(2, 16)), r"comb_mix must have shape \[2, 4, 4\], got \[2, 16\]"),
         (dict(comb_mix=torch.zeros(3, 4, 4)), r"comb_mix must have shape \[2, 4, 4\], got \[3, 4, 4\]"),
-        (dict(comb_mix=torch.zeros(2, 4, 4).transpose(1, 2)), "comb_mix must be contiguous"),
         # the pre half
         (dict(fn=FN[:, :256]), r"fn must have shape \[24, 512\], got \[24, 256\]"),
         (dict(fn=HEAD_FN), r"fn must have shape \[24, 512\], got \[4, 512\]"),  # the head's fn: 4 mixes
@@ -423,7 +468,7 @@ def test_opcheck(device):
     torch.library.opcheck(torch.ops.dsv4.mhc_fused_post_pre.default,
                           (x, residual, post, comb, fn, scale, base, EPS, EPS, EPS, 2.0, 20, None, EPS))
     head_fn, head_scale, head_base = to(device, *params(128, mixes=4, scales=1, seed=18))
-    torch.library.opcheck(torch.ops.dsv4.hc_head.default, (residual, head_fn, head_base, head_scale, EPS, EPS))
+    torch.library.opcheck(torch.ops.dsv4.hc_head.default, (residual, head_fn, head_scale, head_base, EPS, EPS))
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -461,13 +506,13 @@ def test_chained_launches_see_inputs_written_just_before(t, hidden):
         residual = torch.randn(t, 4, hidden, device=device, generator=generator).to(torch.bfloat16)
         fused = torch.ops.dsv4.mhc_fused_post_pre(x, residual, post, comb, *pre_args)
         pre = torch.ops.dsv4.mhc_pre(residual.clone(), *pre_args)
-        head = torch.ops.dsv4.hc_head(residual.clone(), head_fn, head_base, head_scale, EPS, EPS)
+        head = torch.ops.dsv4.hc_head(residual.clone(), head_fn, head_scale, head_base, EPS, EPS)
         torch.cuda.synchronize()
         want_fused = torch.ops.dsv4.mhc_fused_post_pre(x, residual, post, comb, *pre_args)
         torch.cuda.synchronize()
         want_pre = torch.ops.dsv4.mhc_pre(residual, *pre_args)
         torch.cuda.synchronize()
-        want_head = torch.ops.dsv4.hc_head(residual, head_fn, head_base, head_scale, EPS, EPS)
+        want_head = torch.ops.dsv4.hc_head(residual, head_fn, head_scale, head_base, EPS, EPS)
         torch.cuda.synchronize()
         for got, want in zip(fused + pre + (head,), want_fused + want_pre + (want_head,)):
             assert_bits_equal(got.cpu(), want.cpu())
@@ -566,7 +611,9 @@ def test_simulated_gfx942_picks_aiter_then_reference_and_logs(monkeypatch, caplo
         got = dsv4ops.mhc_pre(residual, fn, scale, base)
         assert adapter.calls == ["mhc_pre"]
         assert_bits_equal(got[2], reference.mhc_pre(residual, fn, scale, base)[2])
-        assert "mhc_pre on gfx942 uses aiter (no kernel built for gfx942" in caplog.text
+        assert "mhc_pre on gfx942 uses the aiter backend: no kernel built for gfx942" in caplog.text
+        counts = dsv4ops.fallback_counts()  # a call served by AITER is a fallback too, counted under its name
+        assert [n for (op, why), n in counts.items() if op == "mhc_pre" and why.startswith("aiter backend: ")] == [1]
         mhc_module.register_backend("aiter", None)
         caplog.clear()
         dsv4ops.mhc_pre(residual, fn, scale, base)
@@ -580,15 +627,57 @@ def test_simulated_gfx942_picks_aiter_then_reference_and_logs(monkeypatch, caplo
         mhc_module.register_backend("tilelang", None)
 
 
+def test_disable_sends_mhc_to_the_reference_not_an_external_backend(monkeypatch):
+    """DSV4OPS_DISABLE means the reference for mHC as for every op, even where an external backend would serve."""
+    monkeypatch.setattr(mhc_module.platform, "device_arch", lambda device: "gfx950")
+    monkeypatch.setattr(mhc_module.dispatch.platform, "device_arch", lambda device: "gfx950")
+    monkeypatch.setattr(mhc_module.importlib.util, "find_spec", lambda name: object())
+    monkeypatch.setenv("DSV4OPS_DISABLE", "mhc_pre")
+    mhc_module.dispatch.reset_fallbacks()
+    adapter = _RecordingAdapter()
+    residual = streams(2, 256, seed=46)
+    fn, scale, base = params(256, seed=47)
+    try:
+        mhc_module.register_backend("aiter", adapter)
+        got = dsv4ops.mhc_pre(residual, fn, scale, base)
+        assert adapter.calls == []
+        assert_bits_equal(got[2], reference.mhc_pre(residual, fn, scale, base)[2])
+        assert dsv4ops.fallback_counts() == {("mhc_pre", "disabled by DSV4OPS_DISABLE"): 1}
+    finally:
+        mhc_module.register_backend("aiter", None)
+
+
 def test_wrappers_serve_other_stream_counts_with_the_reference(caplog):
     caplog.set_level(logging.INFO, logger="dsv4ops")
-    residual = torch.randn(3, 2, 64).to(torch.bfloat16)  # hc_mult 2: (2 + 2) * 2 = 8 mixes
-    fn, scale, base = torch.randn(8, 128) * 1e-3, torch.randn(3) * 0.1, torch.randn(8) * 0.1
-    post, comb, layer_input = dsv4ops.mhc_pre(residual, fn, scale, base)
-    assert post.shape == (3, 2, 1) and comb.shape == (3, 2, 2) and layer_input.shape == (3, 64)
-    assert "the kernel needs hc_mult 4" in caplog.text
+    mhc_module.dispatch.reset_fallbacks()
+    hidden = 64
+    fn, scale, base = torch.randn(8, 2 * hidden) * 1e-3, torch.randn(3) * 0.1, torch.randn(8) * 0.1
+    head_fn, head_scale, head_base = torch.randn(2, 2 * hidden) * 1e-3, torch.randn(1) * 0.1, torch.randn(2) * 0.1
+    for t in (3, 5):  # hc_mult 2: (2 + 2) * 2 = 8 mixes; every op, at two token counts
+        residual = torch.randn(t, 2, hidden).to(torch.bfloat16)
+        x = torch.randn(t, hidden).to(torch.bfloat16)
+        post, comb, layer_input = dsv4ops.mhc_pre(residual, fn, scale, base)
+        assert post.shape == (t, 2, 1) and comb.shape == (t, 2, 2) and layer_input.shape == (t, hidden)
+        assert_bits_equal(dsv4ops.mhc_post(x, residual, post, comb), reference.mhc_post(x, residual, post, comb))
+        fused = dsv4ops.mhc_fused_post_pre(x, residual, post, comb, fn, scale, base)
+        for got, want in zip(fused, reference.mhc_fused_post_pre(x, residual, post, comb, fn, scale, base)):
+            assert_bits_equal(got, want)
+        assert_bits_equal(dsv4ops.hc_head(residual, head_fn, head_scale, head_base),
+                          reference.hc_head(residual, head_fn, head_scale, head_base))
+    # one reason per op, whatever the token count: logged once and counted per call
+    reason = "the kernel needs hc_mult 4 (residual [T, 4, hidden]), got 2 streams"
+    assert dsv4ops.fallback_counts() == {(op, reason): 2 for op in mhc_module.OPS}
+    assert caplog.text.count(reason) == len(mhc_module.OPS)
     with pytest.raises(ValueError, match="unknown external mHC backend"):
         mhc_module.register_backend("triton", object())
+
+
+def test_hc_head_takes_scale_before_base_as_vllm():
+    """spec §9: vLLM's argument order (HCHeadOp: hidden_states, hc_fn, hc_scale, hc_base, rms_norm_eps, hc_eps)."""
+    names = [a.name for a in torch.ops.dsv4.hc_head.default._schema.arguments]
+    assert names == ["residual", "fn", "scale", "base", "rms_eps", "eps"]
+    pre_names = [a.name for a in torch.ops.dsv4.mhc_pre.default._schema.arguments]
+    assert pre_names[:4] == ["residual", "fn", "scale", "base"]
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -602,9 +691,13 @@ def test_wrappers_use_the_kernel(device):
     assert_bits_equal(dsv4ops.mhc_post(x, residual, direct[0], direct[1]).cpu(),
                       torch.ops.dsv4.mhc_post(x, residual, direct[0], direct[1]).cpu())
     fused = dsv4ops.mhc_fused_post_pre(x, residual, direct[0], direct[1], fn, scale, base)
-    assert len(fused) == 4
-    head = dsv4ops.hc_head(residual, fn[:4].contiguous(), base[:4].contiguous(), scale[:1].contiguous())
-    assert head.shape == (4, 4096)
+    want_fused = torch.ops.dsv4.mhc_fused_post_pre(x, residual, direct[0], direct[1], fn, scale, base, EPS, EPS, EPS,
+                                                   2.0, 20, None, EPS)
+    for got, want in zip(fused, want_fused):
+        assert_bits_equal(got.cpu(), want.cpu())
+    head_args = (residual, fn[:4].contiguous(), scale[:1].contiguous(), base[:4].contiguous())
+    assert_bits_equal(dsv4ops.hc_head(*head_args).cpu(), torch.ops.dsv4.hc_head(*head_args, EPS, EPS).cpu())
+    assert dsv4ops.fallback_counts() == {}, "every call above is the kernel's"
 
 
 def test_wrappers_fall_back_for_misaligned_rows_and_fp32_norm_weight(caplog):
@@ -633,7 +726,7 @@ def test_wrappers_reference_fallback_at_zero_tokens_and_for_an_fp32_x(caplog):
     assert post.shape == (0, 4, 1) and comb.shape == (0, 4, 4) and layer_input.shape == (0, hidden)
     assert dsv4ops.mhc_post(x, residual, post, comb).shape == (0, 4, hidden)
     assert len(dsv4ops.mhc_fused_post_pre(x, residual, post, comb, fn, scale, base)) == 4
-    assert dsv4ops.hc_head(residual, fn[:4], base[:4], scale[:1]).shape == (0, hidden)
+    assert dsv4ops.hc_head(residual, fn[:4], scale[:1], base[:4]).shape == (0, hidden)
     residual = streams(2, 256, seed=29)
     x = torch.randn(2, 256)
     post, comb = torch.rand(2, 4, 1), torch.rand(2, 4, 4)
@@ -665,8 +758,8 @@ def test_adapter_without_the_op_is_passed_over(monkeypatch):
     fn, scale, base = params(256, mixes=4, scales=1, seed=30)
     try:
         mhc_module.register_backend("aiter", adapter)
-        got = dsv4ops.hc_head(residual, fn, base, scale)
+        got = dsv4ops.hc_head(residual, fn, scale, base)
         assert adapter.calls == []
-        assert_bits_equal(got, reference.hc_head(residual, fn, base, scale))
+        assert_bits_equal(got, reference.hc_head(residual, fn, scale, base))
     finally:
         mhc_module.register_backend("aiter", None)

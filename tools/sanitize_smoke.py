@@ -63,7 +63,7 @@ for t, hidden in ((1, 64), (5, 4096), (70, 192)):
     weight = torch.rand(hidden, device=dev).to(torch.bfloat16)
     post, comb, layer_input = ops.mhc_pre(residual, fn, scale, base, 1e-6, 1e-6, 1e-6, 2.0, 20, weight, 1e-6)
     ops.mhc_fused_post_pre(layer_input, residual, post, comb, fn, scale, base, 1e-6, 1e-6, 1e-6, 2.0, 20, None, 1e-6)
-    ops.hc_head(residual, fn[:4].contiguous(), base[:4].contiguous(), scale[:1].contiguous(), 1e-6, 1e-6)
+    ops.hc_head(residual, fn[:4].contiguous(), scale[:1].contiguous(), base[:4].contiguous(), 1e-6, 1e-6)
 def shifted(t, offset):  # a contiguous copy of t starting `offset` bytes past an aligned address
     nbytes = t.numel() * t.element_size()
     raw = torch.empty(nbytes + 16, dtype=torch.uint8, device=dev)

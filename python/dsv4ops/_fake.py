@@ -107,7 +107,7 @@ def _mhc_fused_post_pre(x, residual, post_mix, comb_mix, fn, scale, base, rms_ep
 
 
 @torch.library.register_fake("dsv4::hc_head")
-def _hc_head(residual, fn, base, scale, rms_eps, eps):
+def _hc_head(residual, fn, scale, base, rms_eps, eps):
     return residual.new_empty((residual.shape[0], residual.shape[2]))
 
 

@@ -10,14 +10,16 @@ Each op goes to the first backend of BACKEND_ORDER[arch family] that can serve t
                    ships with dsv4ops: their call signatures are not pinned down by the spec;
   * "reference" -- the PyTorch reference (any stream count).
 The TileLang path never appears for gfx942 (spec §6: it gives wrong results there, vLLM PR #45931), nor
-for other wave64 AMD parts (spec §10 U5). Each fallback reason is logged once.
+for other wave64 AMD parts (spec §10 U5). Every call not served by the kernel is counted
+(dsv4ops.fallback_counts()) and its reason logged once. The kernels read residual, x, fn and norm_weight 16
+bytes at a time: eagerly, a misaligned one goes to the next backend; under torch.compile, where addresses are
+unknown while tracing, the op refuses it with a message (copy such a view with .clone() first).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import importlib.util
-import logging
 from typing import Callable, Dict, Optional, Sequence
 
 import torch
@@ -102,10 +104,14 @@ def select_backend(arch: str, hc_mult: int, hidden: int, kernel_reason: Optional
     raise AssertionError("every BACKEND_ORDER entry ends with the reference")
 
 
-def _kernel_fit(residual: torch.Tensor, tensors: Sequence[Optional[torch.Tensor]],
-                x: Optional[torch.Tensor] = None) -> Optional[str]:
-    if residual.dim() != 3 or residual.shape[1] != HC_MULT:
-        return f"the kernel needs hc_mult {HC_MULT} (residual [T, 4, hidden]), got shape {tuple(residual.shape)}"
+def _kernel_fit(residual: torch.Tensor, tensors: Sequence[Optional[torch.Tensor]], x: Optional[torch.Tensor] = None,
+                fn: Optional[torch.Tensor] = None, norm_weight: Optional[torch.Tensor] = None) -> Optional[str]:
+    """None when the kernel can serve the call, else why not. The reasons name no token count: each is logged
+    and counted once, and a model calls with many."""
+    if residual.dim() != 3:
+        return f"the kernel needs a residual [T, {HC_MULT}, hidden], got {residual.dim()} dims"
+    if residual.shape[1] != HC_MULT:
+        return f"the kernel needs hc_mult {HC_MULT} (residual [T, 4, hidden]), got {residual.shape[1]} streams"
     if residual.shape[2] % HIDDEN_MULTIPLE != 0 or residual.shape[2] == 0:
         return f"the kernel needs hidden a positive multiple of {HIDDEN_MULTIPLE}, got {residual.shape[2]}"
     if residual.dtype != torch.bfloat16:
@@ -117,29 +123,30 @@ def _kernel_fit(residual: torch.Tensor, tensors: Sequence[Optional[torch.Tensor]
             return "the kernel needs every tensor on the residual's device"
     if torch.compiler.is_compiling():
         return None  # addresses are unknown while tracing: a misaligned input is refused by the op itself
-    for t in (residual,) + tuple(t for t in tensors if t is not None and t.dim() >= 2 or t is not None and
-                                 t.dtype == torch.bfloat16):
-        if t.is_contiguous() and t.data_ptr() % 16:  # a non-contiguous tensor is copied to aligned memory
+    for t in (residual, x, fn, norm_weight):  # what the kernels read 16 bytes at a time
+        if t is not None and t.is_contiguous() and t.data_ptr() % 16:  # non-contiguous: copied to aligned memory
             return "the kernel needs 16-byte aligned rows (residual, x, fn, norm_weight)"
     return None
 
 
 def _choose(op: str, residual: torch.Tensor, tensors: Sequence[Optional[torch.Tensor]],
-            norm_weight: Optional[torch.Tensor] = None, x: Optional[torch.Tensor] = None) -> str:
-    fit = _kernel_fit(residual, tensors, x)
+            norm_weight: Optional[torch.Tensor] = None, x: Optional[torch.Tensor] = None,
+            fn: Optional[torch.Tensor] = None) -> str:
+    fit = _kernel_fit(residual, tensors, x, fn, norm_weight)
     if fit is None and norm_weight is not None and norm_weight.dtype != torch.bfloat16:
         fit = f"the kernel takes a bf16 norm_weight, got {norm_weight.dtype}"
     decision = dispatch.decide(op, residual.device, lambda: fit)
     arch = platform.device_arch(residual.device)
-    hidden = residual.shape[2] if residual.dim() == 3 else 0
-    choice = select_backend(arch, residual.shape[1] if residual.dim() == 3 else 0, hidden,
-                            None if decision.uses_kernel else decision.reason,
-                            lambda name: external_available(name, op))
-    if choice.backend == "reference":  # one warning: why the kernel, then each external backend, passed
-        dispatch.record_fallback(op, arch, decision.reason, passed_over="; ".join(choice.reasons[1:]))
-    elif choice.backend != "dsv4ops":
-        dispatch.log_once(("mhc", op, choice.backend, choice.reasons), logging.INFO, "dsv4ops: %s on %s uses %s (%s)",
-                          op, arch, choice.backend, "; ".join(choice.reasons))
+    if dispatch.disabled(op) and not decision.uses_kernel:  # DSV4OPS_DISABLE means the reference, as for every op
+        choice = Choice("reference", (decision.reason,))
+    else:
+        hidden = residual.shape[2] if residual.dim() == 3 else 0
+        choice = select_backend(arch, residual.shape[1] if residual.dim() == 3 else 0, hidden,
+                                None if decision.uses_kernel else decision.reason,
+                                lambda name: external_available(name, op))
+    if choice.backend != "dsv4ops":  # counted, and logged once: why the kernel, then each earlier backend, passed
+        served_by = dispatch.REFERENCE if choice.backend == "reference" else f"{choice.backend} backend"
+        dispatch.record_fallback(op, arch, decision.reason, served_by, passed_over="; ".join(choice.reasons[1:]))
     return choice.backend
 
 
@@ -153,7 +160,7 @@ def mhc_pre(residual: torch.Tensor, fn: torch.Tensor, scale: torch.Tensor, base:
     """spec §2: residual bf16 [T, 4, hidden], fn fp32 [24, 4*hidden], scale [3], base [24] ->
     (post_mix [T, 4, 1] fp32, comb_mix [T, 4, 4] fp32, layer_input [T, hidden] bf16). With norm_weight
     (bf16 [hidden]) layer_input is also RMS-normalized with that weight (fp32, one bf16 rounding)."""
-    backend = _choose("mhc_pre", residual, (fn, scale, base, norm_weight), norm_weight)
+    backend = _choose("mhc_pre", residual, (fn, scale, base, norm_weight), norm_weight, fn=fn)
     if backend == "dsv4ops":
         return torch.ops.dsv4.mhc_pre(residual.contiguous(), _float32(fn), _float32(scale), _float32(base),
                                       float(rms_eps), float(pre_eps), float(sinkhorn_eps), float(post_mult),
@@ -186,7 +193,7 @@ def mhc_fused_post_pre(x: torch.Tensor, residual: torch.Tensor, post_mix: torch.
     """spec §4: mhc_post, then the next sub-layer's mhc_pre on the bf16 new residual. Returns
     (residual_cur, post_mix_cur, comb_mix_cur, layer_input_cur)."""
     backend = _choose("mhc_fused_post_pre", residual, (x, post_mix, comb_mix, fn, scale, base, norm_weight),
-                      norm_weight, x)
+                      norm_weight, x, fn)
     if backend == "dsv4ops":
         return torch.ops.dsv4.mhc_fused_post_pre(
             x.contiguous(), residual.contiguous(), _float32(post_mix), _float32(comb_mix), _float32(fn),
@@ -201,14 +208,15 @@ def mhc_fused_post_pre(x: torch.Tensor, residual: torch.Tensor, post_mix: torch.
                                         sinkhorn_eps, post_mult, sinkhorn_iters, norm_weight, norm_eps)
 
 
-def hc_head(residual: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.Tensor,
+def hc_head(residual: torch.Tensor, fn: torch.Tensor, scale: torch.Tensor, base: torch.Tensor,
             rms_eps: float = 1e-6, eps: float = 1e-6):
     """spec §4: the streams collapsed with pre = sigmoid((rmsnorm(x) . fn^T) * scale + base) + eps; fn fp32
-    [4, 4*hidden], base [4], scale [1]. Returns bf16 [T, hidden]."""
-    backend = _choose("hc_head", residual, (fn, base, scale))
+    [4, 4*hidden], scale [1], base [4] (vLLM's HCHeadOp order, as mhc_pre's scale before base). Returns bf16
+    [T, hidden]."""
+    backend = _choose("hc_head", residual, (fn, scale, base), fn=fn)
     if backend == "dsv4ops":
-        return torch.ops.dsv4.hc_head(residual.contiguous(), _float32(fn), _float32(base), _float32(scale),
+        return torch.ops.dsv4.hc_head(residual.contiguous(), _float32(fn), _float32(scale), _float32(base),
                                       float(rms_eps), float(eps))
     if backend != "reference":
-        return _adapters[backend].hc_head(residual, fn, base, scale, rms_eps, eps)
-    return reference.hc_head(residual, fn, base, scale, rms_eps, eps)
+        return _adapters[backend].hc_head(residual, fn, scale, base, rms_eps, eps)
+    return reference.hc_head(residual, fn, scale, base, rms_eps, eps)

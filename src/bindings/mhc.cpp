@@ -135,7 +135,7 @@ std::tuple<Tensor, Tensor, Tensor> mhc_pre(const Tensor& residual, const Tensor&
   return {post_mix, comb_mix, layer_input};
 }
 
-Tensor hc_head(const Tensor& residual, const Tensor& fn, const Tensor& base, const Tensor& scale, double rms_eps,
+Tensor hc_head(const Tensor& residual, const Tensor& fn, const Tensor& scale, const Tensor& base, double rms_eps,
                double eps) {
   constexpr const char* kOp = "dsv4.hc_head";
   MhcPreArgs args = checked_pre(residual, fn, scale, base, mhc::kHeadMixes, 1, rms_eps, eps, 0.0, 1.0, 1,
@@ -146,7 +146,11 @@ Tensor hc_head(const Tensor& residual, const Tensor& fn, const Tensor& base, con
   return out;
 }
 
-// Checks the post inputs and fills everything but the output.
+// post_mix and comb_mix in any layout (spec §8: a strided post_mix is accepted): the kernels read them
+// densely, so a strided one is copied (a few floats a token); the caller keeps the copy alive.
+Tensor dense(const Tensor& t) { return t.is_contiguous() ? t : torch::stable::contiguous(t); }
+
+// Checks the post inputs (post_mix and comb_mix dense: see dense()) and fills everything but the output.
 MhcPostArgs checked_post(const Tensor& x, const Tensor& residual, const Tensor& post_mix, const Tensor& comb_mix,
                          const char* op) {
   const int64_t hidden = checked_residual(residual, op);
@@ -159,12 +163,10 @@ MhcPostArgs checked_post(const Tensor& x, const Tensor& residual, const Tensor& 
   const bool post_shape = (post_mix.dim() == 3 && post_mix.size(2) == 1) || post_mix.dim() == 2;
   STD_TORCH_CHECK(post_shape && post_mix.size(0) == t && post_mix.size(1) == mhc::kHcMult, op,
                   ": post_mix must have shape [", t, ", 4, 1] or [", t, ", 4], got ", shape_string(post_mix));
-  check_contiguous(post_mix, op, "post_mix");
   check_dtype(comb_mix, op, "comb_mix", {ScalarType::Float});
   STD_TORCH_CHECK(comb_mix.dim() == 3 && comb_mix.size(0) == t && comb_mix.size(1) == mhc::kHcMult &&
                       comb_mix.size(2) == mhc::kHcMult,
                   op, ": comb_mix must have shape [", t, ", 4, 4], got ", shape_string(comb_mix));
-  check_contiguous(comb_mix, op, "comb_mix");
   check_same_device_all(residual, {&x, &post_mix, &comb_mix}, op);
   return MhcPostArgs{static_cast<const uint16_t*>(x.data_ptr()), static_cast<const uint16_t*>(residual.data_ptr()),
                      static_cast<const float*>(post_mix.data_ptr()), static_cast<const float*>(comb_mix.data_ptr()),
@@ -173,7 +175,9 @@ MhcPostArgs checked_post(const Tensor& x, const Tensor& residual, const Tensor& 
 
 Tensor mhc_post(const Tensor& x, const Tensor& residual, const Tensor& post_mix, const Tensor& comb_mix) {
   constexpr const char* kOp = "dsv4.mhc_post";
-  MhcPostArgs args = checked_post(x, residual, post_mix, comb_mix, kOp);
+  const Tensor post_dense = dense(post_mix);
+  const Tensor comb_dense = dense(comb_mix);
+  MhcPostArgs args = checked_post(x, residual, post_dense, comb_dense, kOp);
   Tensor out = torch::stable::new_empty(residual, {args.tokens, int64_t{mhc::kHcMult}, args.hidden});
   args.out = static_cast<uint16_t*>(out.data_ptr());
   run_on_device(
@@ -192,7 +196,9 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> mhc_fused_post_pre(
     const Tensor& scale, const Tensor& base, double rms_eps, double pre_eps, double sinkhorn_eps, double post_mult,
     int64_t sinkhorn_iters, const std::optional<Tensor>& norm_weight, double norm_eps) {
   constexpr const char* kOp = "dsv4.mhc_fused_post_pre";
-  MhcPostArgs post = checked_post(x, residual, post_mix, comb_mix, kOp);
+  const Tensor post_dense = dense(post_mix);
+  const Tensor comb_dense = dense(comb_mix);
+  MhcPostArgs post = checked_post(x, residual, post_dense, comb_dense, kOp);
   // pre's checks on the old residual: the new one has its shape, dtype and device.
   MhcPreArgs pre = checked_pre(residual, fn, scale, base, mhc::kPreMixes, 3, rms_eps, pre_eps, sinkhorn_eps, post_mult,
                                sinkhorn_iters, norm_weight, norm_eps, kOp);

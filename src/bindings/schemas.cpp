@@ -61,7 +61,7 @@ STABLE_TORCH_LIBRARY(dsv4, m) {
       "Tensor base, float rms_eps, float pre_eps, float sinkhorn_eps, float post_mult, int sinkhorn_iters, "
       "Tensor? norm_weight, float norm_eps) -> (Tensor residual_cur, Tensor post_mix_cur, Tensor comb_mix_cur, "
       "Tensor layer_input_cur)");
-  m.def("hc_head(Tensor residual, Tensor fn, Tensor base, Tensor scale, float rms_eps, float eps) -> Tensor");
+  m.def("hc_head(Tensor residual, Tensor fn, Tensor scale, Tensor base, float rms_eps, float eps) -> Tensor");
 
   // wo_a (spec/wo_a.md): inverse RoPE, inverse RoPE + UE8M0 group quantization, grouped FP8 GEMM with
   // 1x128 / 128x128 UE8M0 block scales.

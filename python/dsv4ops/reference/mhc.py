@@ -99,7 +99,7 @@ def mhc_fused_post_pre(x: torch.Tensor, residual: torch.Tensor, post_mix: torch.
     return new_residual, post, comb, layer_input
 
 
-def hc_head(residual: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.Tensor,
+def hc_head(residual: torch.Tensor, fn: torch.Tensor, scale: torch.Tensor, base: torch.Tensor,
             rms_eps: float = 1e-6, eps: float = 1e-6):
     """spec §4: pre = sigmoid((rmsnorm(x) . fn^T) * scale + base) + eps over the flattened streams; returns
     sum_i pre_i * residual_i as bf16 [T, hidden]."""
