@@ -232,7 +232,7 @@ def bench_forward(device, ceiling, compile_peers):
                               ceiling)
             del sets
         for plan in plans:
-            plan._bf16_weight = None  # the BF16 path's dequantized weight, built by the peer
+            plan._dense_weight = None  # the BF16 path's dequantized weight, built by the peer
     return rows
 
 

@@ -109,11 +109,12 @@ def test_worked_scale_bytes(amax, fmt, qmax, byte, device):
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_group_quant_nan_and_inf_lanes(device):
-    """NaN lanes are ignored by the amax and stay NaN; an Inf lane gives byte 255, NaN for itself and 0
+    """NaN lanes are ignored by the amax and stay NaN; a +-Inf lane gives byte 255, NaN for itself and 0
     for the finite lanes of its group (spec §7)."""
     o = torch.zeros(1, 8, 512, dtype=torch.bfloat16)
     o[0, 0, 0], o[0, 0, 1] = float("nan"), 1.0
     o[0, 0, 128], o[0, 0, 129] = float("inf"), 2.0
+    o[0, 0, 256], o[0, 0, 257] = float("-inf"), -2.0
     cos_sin = torch.cat([torch.ones(4, 32), torch.zeros(4, 32)], dim=1)
     x, scale = torch.ops.dsv4.inverse_rope_group_quant(o.to(device), torch.zeros(1, dtype=torch.long, device=device),
                                                        cos_sin.to(device), 1, 128, 0, 448.0, True)
@@ -121,6 +122,7 @@ def test_group_quant_nan_and_inf_lanes(device):
     codes = x.view(torch.uint8)[0, 0]
     assert int(scale[0, 0, 0]) == 119 and int(codes[0]) == 0x7F and int(codes[1]) == 0x78  # 1.0 at 2^-8: 256
     assert int(scale[0, 0, 1]) == 255 and int(codes[128]) == 0x7F and int(codes[129]) == 0
+    assert int(scale[0, 0, 2]) == 255 and int(codes[256]) & 0x7F == 0x7F and int(codes[257]) & 0x7F == 0
     want = reference.inverse_rope_group_quant(o, torch.zeros(1, dtype=torch.long), cos_sin, 1, 128, 0, 448.0, True)
     assert_bytes_equal(x, want[0])
     assert_bytes_equal(scale, want[1])
@@ -528,7 +530,7 @@ def check_fp8_path_tracks_bf16_path(groups, t, device):
     weight, scale = checkpoint(groups)
     weight, scale, cos_sin = weight.to(device), scale.to(device), rope_table(256).to(device)
     fp8_plan = dsv4ops.prepare_wo_a(weight, scale, groups, 1024, cos_sin, device)
-    assert fp8_plan.path == "fp8" and fp8_plan.reason is None and fp8_plan._bf16_weight is None
+    assert fp8_plan.path == "fp8" and fp8_plan.reason is None and fp8_plan._dense_weight is None
     bf16_plan = dsv4ops.prepare_wo_a(weight, scale, groups, 1024, cos_sin, device, activation_dtype=torch.float16)
     assert bf16_plan.path == "bf16" and bf16_plan.reason.startswith("dtype:")
     o = attention_output(t, groups * 8, seed=13, log_normal=True).to(device)
@@ -593,13 +595,93 @@ def test_strided_weight_and_other_activation_dtypes():
         (lambda w, s, cs: (w, s, cs[:, :32]), "rope: needs a [P, 64] cos || sin table"),
         (lambda w, s, cs: (w, s * 0.75, cs), "scale: could not losslessly encode"),
         (lambda w, s, cs: (w, torch.where(s == s[0, 0], torch.zeros_like(s), s), cs), "scale: could not losslessly"),
+        # scale convertibility is checked before the rope table, the head width and the dtype (spec §8.3)
+        (lambda w, s, cs: (w, s * 0.75, cs[:, :32]), "scale: could not losslessly encode"),
+        # an fp8 e4m3fnuz checkpoint on an OCP device
+        (lambda w, s, cs: (w.view(torch.uint8).view(torch.float8_e4m3fnuz), s, cs),
+         "weights: an OCP device needs a float8_e4m3fn weight"),
     ],
 )
 def test_prepare_gates_refuse_with_a_reason(mutate, reason, caplog):
+    caplog.set_level(logging.WARNING, logger="dsv4ops")
     weight, scale = checkpoint(2, seed=16)
     w, s, cs = mutate(weight, scale, rope_table(16))
     plan = dsv4ops.prepare_wo_a(w, s, 2, 1024, cs, "cpu")
     assert plan.path == "bf16" and plan.reason.startswith(reason)
+    assert f"wo_a uses the BF16 path: {plan.reason}" in caplog.text
+
+
+def test_prepare_gates_head_width_and_fnuz_normalization():
+    """in_features not a whole number of 512-wide heads; on an FNUZ device a scale byte that cannot double."""
+    weight, scale = checkpoint(1, o_lora_rank=128, k=384, seed=48)
+    plan = dsv4ops.prepare_wo_a(weight, scale, 1, 128, rope_table(16), "cpu")
+    assert plan.path == "bf16" and plan.reason.startswith("head_dim: in_features 384")
+    weight, scale = checkpoint(2, seed=49)
+    top = scale.clone()
+    top[1, 2] = 2.0 ** 127  # UE8M0 byte 254: the FNUZ weight would need 2^128
+    plan = dsv4ops.prepare_wo_a(weight, top, 2, 1024, rope_table(16), "cpu", fp8_format="fnuz")
+    assert plan.path == "bf16" and plan.reason.startswith("scale: the FNUZ normalization needs doubled scales")
+    assert dsv4ops.prepare_wo_a(weight, top, 2, 1024, rope_table(16), "cpu").path == "fp8"  # fine on OCP
+
+
+def test_bf16_path_dequantizes_an_mxfp8_checkpoint_by_its_own_blocks():
+    """spec §5.2: gate 6 sends 1x32 (MXFP8) scales [out, in / 32] to the BF16 path, whose dequantization must then
+    use 1x32 blocks (raw UE8M0 bytes), not the 128x128 of the FP8 path."""
+    g = torch.Generator().manual_seed(50)
+    rows, k = 256, 512
+    weight = (torch.randn(rows, k, generator=g) * 4).to(torch.float8_e4m3fn)
+    scale = torch.randint(120, 134, (rows, k // 32), generator=g, dtype=torch.uint8)
+    plan = dsv4ops.prepare_wo_a(weight, scale, 1, rows, rope_table(16), "cpu")
+    assert plan.path == "bf16" and plan.reason.startswith("shapes: needs group-128 blocks")
+    factors = reference._pow2(scale.to(torch.int64) - 127).to(torch.float32).repeat_interleave(32, 1)
+    exact = (weight.float() * factors).to(torch.bfloat16)
+    o = attention_output(3, 1, seed=51)
+    got = dsv4ops.wo_a_forward(o, torch.arange(3), plan, apply_inverse_rope=False)
+    assert torch.equal(plan.dense_weight(), exact.reshape(1, rows, k))
+    want = torch.einsum("td,rd->tr", o.reshape(3, k), exact)
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+    with pytest.raises(ValueError, match=r"a weight scale of shape \(256, 5\) tiles no block shape"):
+        dsv4ops.prepare_wo_a(weight, scale[:, :5], 1, rows, rope_table(16), "cpu").dense_weight()
+
+
+def test_bf16_path_builds_its_weight_once_per_activation_dtype():
+    weight, scale = checkpoint(2, seed=52)
+    plan = dsv4ops.prepare_wo_a(weight, scale, 2, 1024, rope_table(16), "cpu", activation_dtype=torch.float16)
+    o = attention_output(2, 16, seed=53).half()
+    first = dsv4ops.wo_a_forward(o, torch.arange(2), plan, apply_inverse_rope=True)
+    built = plan._dense_weight
+    assert built.dtype == torch.float16
+    assert torch.equal(dsv4ops.wo_a_forward(o, torch.arange(2), plan, apply_inverse_rope=True), first)
+    assert plan._dense_weight is built, "the dequantized weight is kept, not rebuilt or cast per call"
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_forward_at_zero_tokens(device):
+    weight, scale = checkpoint(2, seed=54)
+    weight, scale, cos_sin = weight.to(device), scale.to(device), rope_table(16).to(device)
+    o = torch.empty(0, 16, 512, dtype=torch.bfloat16, device=device)
+    positions = torch.empty(0, dtype=torch.long, device=device)
+    for dtype in (torch.bfloat16, torch.float16):  # the FP8 path and the BF16 path
+        plan = dsv4ops.prepare_wo_a(weight, scale, 2, 1024, cos_sin, device, activation_dtype=dtype)
+        assert dsv4ops.wo_a_forward(o.to(dtype), positions, plan, apply_inverse_rope=True).shape == (0, 2048)
+
+
+def test_quantizer_wrapper_needs_the_rotation_flag():
+    """spec §2: whether o's rope lanes are still rotated is never inferred: the wrapper has no default for it."""
+    o = attention_output(2, 16, seed=55)
+    with pytest.raises(TypeError, match="apply_inverse_rope"):
+        dsv4ops.inverse_rope_group_quant(o, torch.arange(2), rope_table(8), 2)
+
+
+def test_path_table_keys_amd_gpus_apart_from_nvidia(monkeypatch):
+    """torch calls an AMD GPU device type "cuda" too: the H200's rows must not serve it."""
+    assert wo_a.path_table_key(torch.device("cpu")) == "cpu"
+    monkeypatch.setattr(torch.version, "hip", None)
+    assert wo_a.path_table_key(torch.device("cuda")) == "cuda"
+    monkeypatch.setattr(torch.version, "hip", "7.0.0")
+    assert wo_a.path_table_key(torch.device("cuda")) == "rocm"
+    assert "rocm" not in wo_a.WO_A_GEMM_PATHS  # not measured: our kernel at every size
+    assert {wo_a.gemm_path(t, g, "rocm") for t in (1, 4096, 16384) for g in (1, 2, 8)} == {"fp8_kernel"}
 
 
 def test_prepare_logs_each_gate_once(monkeypatch, caplog):
@@ -683,7 +765,7 @@ def test_forward_follows_the_path_table(monkeypatch, device, fp8_format):
     positions = torch.arange(t, device=device)
     results = {}
     for path in wo_a.GEMM_PATH_NAMES:
-        monkeypatch.setitem(wo_a.WO_A_GEMM_PATHS, torch.device(device).type, {1: ((None, path),)})
+        monkeypatch.setitem(wo_a.WO_A_GEMM_PATHS, wo_a.path_table_key(torch.device(device)), {1: ((None, path),)})
         results[path] = dsv4ops.wo_a_forward(o, positions, plan, apply_inverse_rope=True).double().flatten()
     kernel = results["fp8_kernel"]
     if device == "cpu" or fp8_format == "fnuz":
@@ -693,7 +775,7 @@ def test_forward_follows_the_path_table(monkeypatch, device, fp8_format):
         if torch.version.cuda is not None:  # cuBLAS serves this shape: the comparison is not kernel vs kernel
             assert vendor_calls, "the vendor GEMM fell back to the kernel"
         assert float((results["vendor_fp8"] - kernel).norm() / kernel.norm()) < 1e-2
-    assert plan._bf16_weight is not None, "the BF16 path built the dequantized weight"
+    assert plan._dense_weight is not None, "the BF16 path built the dequantized weight"
     bf16 = results["bf16"]
     assert float((bf16 - kernel).norm() / bf16.norm()) < 0.05
     assert float(torch.dot(bf16, kernel) / (bf16.norm() * kernel.norm())) > 0.998
@@ -738,16 +820,16 @@ def test_reference_path_serves_the_wrappers(monkeypatch):
     the GPU kernels exist)."""
     o = attention_output(3, 16, seed=32)
     positions, cos_sin = torch.arange(3), rope_table(8)
-    kernel = dsv4ops.inverse_rope_group_quant(o, positions, cos_sin, 2, fp8_format="ocp")
+    kernel = dsv4ops.inverse_rope_group_quant(o, positions, cos_sin, 2, fp8_format="ocp", apply_inverse_rope=True)
     w, w_scale = quantized_weight(2, 128, 4096, seed=33)
     kernel_gemm = dsv4ops.bmm_a8w8_mxscale(kernel[0], w, kernel[1], w_scale, torch.float32)
     monkeypatch.setenv("DSV4OPS_DISABLE", "all")
-    fallback = dsv4ops.inverse_rope_group_quant(o, positions, cos_sin, 2, fp8_format="ocp")
+    fallback = dsv4ops.inverse_rope_group_quant(o, positions, cos_sin, 2, fp8_format="ocp", apply_inverse_rope=True)
     assert_bytes_equal(fallback[0], kernel[0])
     assert_bytes_equal(fallback[1], kernel[1])
     assert_gemm_close(dsv4ops.bmm_a8w8_mxscale(fallback[0], w, fallback[1], w_scale, torch.float32), kernel_gemm)
     with pytest.raises(ValueError, match="positions must be 1-D with >= S entries"):
-        dsv4ops.inverse_rope_group_quant(o, positions[:1], cos_sin, 2, fp8_format="ocp")
+        dsv4ops.inverse_rope_group_quant(o, positions[:1], cos_sin, 2, fp8_format="ocp", apply_inverse_rope=True)
 
 
 @pytest.mark.parametrize("device", DEVICES)

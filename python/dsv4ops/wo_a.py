@@ -31,8 +31,9 @@ ROPE_DIM = 64
 SCALE_BLOCK = 128
 GROUP_SIZE = 128
 
-# Which implementation serves an FP8 plan's projection for T tokens and G groups, per device type, as data:
-# {device type: {G: rows}}, rows (largest T served, path) in increasing T, the last one unbounded (None).
+# Which implementation serves an FP8 plan's projection for T tokens and G groups, per platform, as data:
+# {platform: {G: rows}}, rows (largest T served, path) in increasing T, the last one unbounded (None). Platforms
+# (path_table_key): "cuda" (NVIDIA), "rocm" (AMD GPUs, which torch also calls device type "cuda"), "cpu".
 # A plan takes the rows of the largest listed G <= its G (the smallest listed G below that). Paths:
 #   "fp8_kernel"  quantize (inverse_rope_group_quant) + dsv4ops' grouped FP8 GEMM (bmm_a8w8_mxscale);
 #   "vendor_fp8"  the same quantization + the vendor block-scaled FP8 GEMM (torch._scaled_mm with 1x128 /
@@ -40,7 +41,8 @@ GROUP_SIZE = 128
 #                 "fp8_kernel");
 #   "bf16"        the BF16 path (inverse RoPE, BF16 einsum on the dequantized weight, built on first use: it
 #                 doubles this layer's weight memory once chosen).
-# Devices not listed take "fp8_kernel". Tune the rows from bench/bench_wo_a.py on the target GPU.
+# Platforms not listed (ROCm: not measured yet) take "fp8_kernel". Tune the rows from bench/bench_wo_a.py on the
+# target GPU.
 # cuda: H200 (2026-12-01; N = 1024, K = 4096), end-to-end wo_a_forward times in graph replay, quantization included,
 # one weight per input set (us; our kernel with reduced-precision block sums as the forward runs it / the BF16 path /
 # cuBLAS block-scaled FP8): G=8 ours to T = 1024 (19.9 / 29.3 / 155 at 64; 40.7 / 49.2 / 168 at 256; 74.5 / 80.0 /
@@ -63,9 +65,15 @@ WO_A_GEMM_PATHS = {
 GEMM_PATH_NAMES = ("fp8_kernel", "vendor_fp8", "bf16")
 
 
-def gemm_path(tokens: int, groups: int, device_type: str, table: Optional[dict] = None) -> str:
-    """The path WO_A_GEMM_PATHS (or `table`) gives `tokens` tokens of a `groups`-group plan on `device_type`."""
-    by_groups = (table if table is not None else WO_A_GEMM_PATHS).get(device_type)
+def path_table_key(device: torch.device) -> str:
+    """WO_A_GEMM_PATHS's key for a device: its type, with AMD GPUs (device type "cuda" in torch) as "rocm"."""
+    return "rocm" if device.type == "cuda" and torch.version.hip else device.type
+
+
+def gemm_path(tokens: int, groups: int, platform_key: str, table: Optional[dict] = None) -> str:
+    """The path WO_A_GEMM_PATHS (or `table`) gives `tokens` tokens of a `groups`-group plan on `platform_key`
+    (path_table_key)."""
+    by_groups = (table if table is not None else WO_A_GEMM_PATHS).get(platform_key)
     if not by_groups:
         return "fp8_kernel"
     listed = sorted(by_groups)
@@ -74,6 +82,9 @@ def gemm_path(tokens: int, groups: int, device_type: str, table: Optional[dict] 
         if bound is None or tokens <= bound:
             return path
     return "fp8_kernel"
+
+
+_vendor_refused: set = set()  # (T, G) the vendor GEMM refused: served by our kernel from then on
 
 
 def _vendor_block_scaled_bmm(x: torch.Tensor, w: torch.Tensor, x_scale: torch.Tensor, w_scale: torch.Tensor,
@@ -92,12 +103,13 @@ def _bf16_fit(o: torch.Tensor) -> Optional[str]:
 
 
 def inverse_rope_group_quant(o: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor, num_groups: int,
-                             group_size: int = GROUP_SIZE, fp8_format=None, quant_max: Optional[float] = None,
-                             apply_inverse_rope: bool = True):
+                             group_size: int = GROUP_SIZE, fp8_format=None, quant_max: Optional[float] = None, *,
+                             apply_inverse_rope: bool):
     """o bf16 [S, H, 512] -> (x_fp8 [S, G, D], x_scale uint8 [S, G, D / group_size]), D = H * 512 / G: the
     inverse rotation of lanes 448..511 of every head when `apply_inverse_rope`, then per (token, group of group_size
     lanes) an RCEIL UE8M0 scale and FP8 values (spec §3). cos_sin [P, 64] (cos || sin), fp32 or bf16;
-    positions int32/int64 clamped to [0, P - 1]. Encoding and quant max default to the device's."""
+    positions int32/int64 clamped to [0, P - 1]. Encoding and quant max default to the device's.
+    apply_inverse_rope has no default: whether o's rope lanes are still rotated is never inferred (spec §2)."""
     fmt, qmax = format_and_quant_max(o.device, fp8_format, quant_max)
     if dispatch.choose("inverse_rope_group_quant", o.device, lambda: _bf16_fit(o)).uses_kernel:
         return torch.ops.dsv4.inverse_rope_group_quant(o.contiguous(), positions.contiguous(), cos_sin.contiguous(),
@@ -155,32 +167,51 @@ class WoAPlan:
     fp8_format: Optional[Fp8Format] = None
     quant_max: Optional[float] = None
     original_scale: Optional[torch.Tensor] = None  # the checkpoint scale, for the BF16 dequantization
-    _bf16_weight: Optional[torch.Tensor] = None
+    _dense_weight: Optional[torch.Tensor] = None
 
-    def bf16_weight(self) -> torch.Tensor:
-        """The dequantized [G, R, K] bf16 weight, built on first use only (BF16 path)."""
-        if self._bf16_weight is None:
+    def dense_weight(self, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+        """The dequantized [G, R, K] weight in `dtype` (the activations'), built on first use only (BF16 path) and
+        kept; a call in another dtype rebuilds it in that one (one copy at a time)."""
+        if self._dense_weight is None or self._dense_weight.dtype != dtype:
             scale = self.original_scale
             if self.weight_scale is not None:  # FP8 plan: the bytes that go with the (maybe FNUZ-normalized) weight
                 scale = self.weight_scale.reshape(-1, self.weight_scale.shape[-1])
-            self._bf16_weight = _dequantize_weight(self.weight, scale, self.fp8_format).reshape(
+            self._dense_weight = _dequantize_weight(self.weight, scale, self.fp8_format, dtype).reshape(
                 self.n_groups, self.o_lora_rank, -1)
-        return self._bf16_weight
+        return self._dense_weight
 
 
-def _dequantize_weight(weight: torch.Tensor, scale: Optional[torch.Tensor], fmt: Optional[Fp8Format]):
+def _scale_block_shape(weight_shape, scale_shape) -> tuple:
+    """The (rows, columns) of weight each scale entry covers: 128 x 128 where the scale's shape is that tiling's
+    (ragged last blocks included), else the exact ratio (an MXFP8 checkpoint's 1 x 32, say)."""
+    (rows, cols), (scale_rows, scale_cols) = weight_shape, scale_shape
+    if (-(-rows // SCALE_BLOCK), -(-cols // SCALE_BLOCK)) == (scale_rows, scale_cols):
+        return SCALE_BLOCK, SCALE_BLOCK
+    if scale_rows > 0 and scale_cols > 0 and rows % scale_rows == 0 and cols % scale_cols == 0:
+        return rows // scale_rows, cols // scale_cols
+    raise ValueError(f"wo_a: a weight scale of shape {tuple(scale_shape)} tiles no block shape of the weight "
+                     f"{tuple(weight_shape)}: it cannot be dequantized")
+
+
+def _dequantize_weight(weight: torch.Tensor, scale: Optional[torch.Tensor], fmt: Optional[Fp8Format],
+                       dtype: torch.dtype = torch.bfloat16):
+    """spec §5.1 step 3: values times their block's factor in fp32, rounded once to `dtype`."""
     if weight.element_size() != 1:  # already dequantized: take it as it is
-        return weight.to(torch.bfloat16)
+        return weight.to(dtype)
     if scale is None:
         raise ValueError("wo_a: an FP8 weight without its block scale cannot be dequantized")
+    if weight.dim() != 2 or scale.dim() != 2:
+        raise ValueError(f"wo_a: dequantizes a 2-D weight with a 2-D scale, got {tuple(weight.shape)} and "
+                         f"{tuple(scale.shape)}")
+    block_rows, block_cols = _scale_block_shape(weight.shape, scale.shape)
     values = reference.fp8_decode(weight.view(torch.uint8), fmt if fmt is not None else Fp8Format.parse(weight.dtype))
     if scale.dtype in (torch.uint8, getattr(torch, "float8_e8m0fnu", torch.uint8)):
         factors = reference._pow2(scale.view(torch.uint8).to(torch.int64) - 127).to(torch.float32)
     else:
         factors = scale.to(torch.float32)
-    factors = factors.repeat_interleave(SCALE_BLOCK, 0)[: weight.shape[0]]
-    factors = factors.repeat_interleave(SCALE_BLOCK, 1)[:, : weight.shape[1]]
-    return (values * factors).to(torch.bfloat16)
+    factors = factors.repeat_interleave(block_rows, 0)[: weight.shape[0]]
+    factors = factors.repeat_interleave(block_cols, 1)[:, : weight.shape[1]]
+    return (values * factors).to(dtype)
 
 
 def _refuse(plan_args: dict, reason: str) -> WoAPlan:
@@ -194,7 +225,7 @@ def _refuse(plan_args: dict, reason: str) -> WoAPlan:
 def prepare_wo_a(weight: torch.Tensor, weight_scale: Optional[torch.Tensor], n_groups: int, o_lora_rank: int,
                  cos_sin: torch.Tensor, device=None, activation_dtype: torch.dtype = torch.bfloat16,
                  fp8_format=None, quant_max: Optional[float] = None) -> WoAPlan:
-    """The acceptance gates of spec §5.2 (plus head_dim, rope and dtype checks), in order; the first that
+    """The acceptance gates of spec §5.2 (then head_dim, rope and dtype checks, spec §8.3), in order; the first that
     fails selects the BF16 path, with its reason logged once. weight [G * R, K] FP8 (the checkpoint's
     wo_a, rows group-major), weight_scale [G * R / 128, K / 128] (fp32 powers of two, UE8M0 or uint8
     bytes), cos_sin the layer's rotary table [P, 64]."""
@@ -219,6 +250,10 @@ def prepare_wo_a(weight: torch.Tensor, weight_scale: Optional[torch.Tensor], n_g
             or tuple(weight_scale.shape) != (out_features // SCALE_BLOCK, in_features // SCALE_BLOCK)):
         return _refuse(plan_args, f"shapes: needs group-128 blocks: G={n_groups}, o_lora_rank={o_lora_rank}, weight "
                                   f"{tuple(weight.shape)}, scale {tuple(weight_scale.shape)}")
+    scale_bytes, why = float_to_ue8m0_lossless(weight_scale)
+    if scale_bytes is None:
+        return _refuse(plan_args, f"scale: could not losslessly encode the {weight_scale.dtype} wo_a block scale "
+                                  f"as UE8M0 ({why})")
     if in_features % HEAD_DIM:
         return _refuse(plan_args, f"head_dim: in_features {in_features} is not a whole number of 512-wide heads")
     if cos_sin.dim() != 2 or cos_sin.shape[-1] != ROPE_DIM or cos_sin.dtype not in (torch.float32, torch.bfloat16):
@@ -226,10 +261,6 @@ def prepare_wo_a(weight: torch.Tensor, weight_scale: Optional[torch.Tensor], n_g
                                   f"{cos_sin.dtype} {tuple(cos_sin.shape)}")
     if activation_dtype != torch.bfloat16:
         return _refuse(plan_args, f"dtype: the FP8 path serves bf16 activations, got {activation_dtype}")
-    scale_bytes, why = float_to_ue8m0_lossless(weight_scale)
-    if scale_bytes is None:
-        return _refuse(plan_args, f"scale: could not losslessly encode the {weight_scale.dtype} wo_a block scale "
-                                  f"as UE8M0 ({why})")
     fmt, qmax = format_and_quant_max(device, fp8_format, quant_max)
     # The GEMM reads K-contiguous weight rows: a strided view (a transpose's transpose, say) is copied once.
     weight = weight.contiguous()
@@ -251,30 +282,33 @@ def wo_a_forward(o: torch.Tensor, positions: torch.Tensor, plan: WoAPlan, apply_
     still in the rotated frame and are rotated back here (True), or the attention already did it (False)."""
     t, heads, _ = o.shape
     g = plan.n_groups
-    path = gemm_path(t, g, o.device.type) if plan.path == "fp8" else "bf16"
+    platform_key = path_table_key(o.device)
+    path = gemm_path(t, g, platform_key) if plan.path == "fp8" else "bf16"
     if path != "bf16" and o.dtype != torch.bfloat16:  # the plan's FP8 path serves bf16 activations only
         dispatch.log_once(("wo_a", "forward", o.dtype), logging.WARNING,
                           "dsv4ops: wo_a uses the BF16 path for this call: o has dtype %s; the FP8 path takes bf16",
                           o.dtype)
         path = "bf16"
-    if path == "vendor_fp8" and (o.device.type != "cuda" or t < 2 or plan.fp8_format is not Fp8Format.OCP):
+    if path == "vendor_fp8" and (platform_key != "cuda" or t < 2 or plan.fp8_format is not Fp8Format.OCP
+                                 or (t, g) in _vendor_refused):
         path = "fp8_kernel"
     if path in ("fp8_kernel", "vendor_fp8"):
         x_fp8, x_scale = inverse_rope_group_quant(o, positions, plan.cos_sin, g, GROUP_SIZE, plan.fp8_format,
-                                                  plan.quant_max, apply_inverse_rope)
+                                                  plan.quant_max, apply_inverse_rope=apply_inverse_rope)
         w = plan.weight.view(g, plan.o_lora_rank, -1)
         z = None
         if path == "vendor_fp8":
             try:
                 z = _vendor_block_scaled_bmm(x_fp8, w, x_scale, plan.weight_scale, o.dtype)
             except RuntimeError as error:  # a shape the vendor library refuses (e.g. cuBLAS at M = 1)
-                reason = f"vendor block-scaled GEMM refused T={t}: {str(error).splitlines()[0][:160]}"
-                dispatch.log_once(("wo_a", "vendor", reason), logging.WARNING,
-                                  "dsv4ops: wo_a falls back to the dsv4ops FP8 GEMM: %s", reason)
+                _vendor_refused.add((t, g))  # not asked again for this shape
+                dispatch.log_once(("wo_a", "vendor", g), logging.WARNING,
+                                  "dsv4ops: wo_a falls back to the dsv4ops FP8 GEMM: the vendor block-scaled GEMM "
+                                  "refused G=%d T=%d (logged once per G): %s", g, t, str(error).splitlines()[0][:160])
         if z is None:
             # The block sums in the matrix unit's precision, like the vendor GEMM's (see bmm_a8w8_mxscale).
             z = bmm_a8w8_mxscale(x_fp8, w, x_scale, plan.weight_scale, o.dtype, reduced_precision_block_sums=True)
     else:
         x = inverse_rope(o, positions, plan.cos_sin) if apply_inverse_rope else o
-        z = torch.einsum("tgd,grd->tgr", x.reshape(t, g, heads * HEAD_DIM // g), plan.bf16_weight().to(o.dtype))
+        z = torch.einsum("tgd,grd->tgr", x.reshape(t, g, heads * HEAD_DIM // g), plan.dense_weight(o.dtype))
     return z.reshape(t, g * plan.o_lora_rank)
