@@ -2193,8 +2193,9 @@ LaunchStatus launch_bmm_a8w8_mxscale(const BmmA8W8MxScaleArgs& args, void* strea
   }
 #endif
   if (args.m <= 64 || few_tiles) return launch_config<1, 16, true>(args, vector, hip_stream);
-  if (!vector) return launch_config<4, 128, false>(args, vector, hip_stream);  // unaligned rows: no staging
-  if (m_tiles > 65535 || args.groups > 65535) return LaunchStatus::kInvalidArgument;
+  // Unaligned rows (no staging), or more 128-row tiles than grid y holds (M > 8M rows): the M tiles along x.
+  if (!vector || m_tiles > 65535) return launch_config<4, 128, false>(args, vector, hip_stream);
+  if (args.groups > 65535) return LaunchStatus::kInvalidArgument;
   const dim3 grid(static_cast<unsigned>(args.n / kTileNLarge), static_cast<unsigned>(m_tiles),
                   static_cast<unsigned>(args.groups));
   launch_overlapping(bmm_tiled_kernel, grid, dim3(kThreads), 0, hip_stream, args);
