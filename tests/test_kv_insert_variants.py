@@ -14,7 +14,7 @@ from dsv4ops import Fp8Format
 from dsv4ops.reference import kv_cache as reference
 
 from conftest import DEVICES, FORMATS, assert_bits_equal, assert_bytes_equal, capture_graph
-from test_qnorm_rope_kv_insert import EPS, bf16_ulp_distance, cos_sin_cache, decode_cache, inputs
+from test_qnorm_rope_kv_insert import EPS, bf16_ulp_distance, cos_sin_cache, decode_cache, inputs, run_op
 
 CANARY = 0x5A
 
@@ -496,3 +496,91 @@ def test_graph_capture_and_replay():
     reference.kv_norm_rope_quant_insert(fresh_kv, weight.cpu(), want_ds, cpu_slots, cpu_pos, cos_sin_cache(), EPS, bs,
                                         Fp8Format.FNUZ)
     assert_records_close(ds, want_ds, n, bs, Fp8Format.FNUZ)
+
+
+def nonfinite_rows(n, h, seed, rope_nan):
+    """q and kv rows with NaN, +Inf and -Inf planted in NoPE dims (not rotated, so each stays where it is) of
+    some rows, next to finite values of their quantization block; with rope_nan also NaN in a RoPE dim."""
+    q, kv = inputs(n, h, seed=seed, device="cpu")
+    kv[0, 5], kv[1, 70], kv[2, 200] = float("nan"), float("inf"), float("-inf")
+    if rope_nan:
+        kv[3, 450] = float("nan")
+    q[0, 0, 7], q[1, h - 1, 300], q[2, 0, 9] = float("nan"), float("inf"), float("-inf")
+    return q, kv
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_nonfinite_inputs_through_the_fp8_ds_mla_writers(device, fmt):
+    """spec §7.4, §11: in an fp8_ds_mla record a NaN NoPE value is stored as -M (0xFE), the block's scale from its
+    finite values; an Inf makes its block's scale byte 255, its finite values 0 and itself -M; the RoPE tail
+    carries NaN (as the canonical 0x7FC0, README: not byte-compared here). Byte for byte as the reference, through
+    the main op and both KV-only ops."""
+    n, h, bs = 4, 3, 16
+    q, kv = nonfinite_rows(n, h, seed=60, rope_nan=False)
+    positions, slots = torch.arange(n) + 5, torch.arange(n)
+    weight = torch.ones(512, dtype=torch.bfloat16)
+    for op in ("qnorm_rope_kv_insert", "kv_rope_quant_insert", "kv_norm_rope_quant_insert"):
+        cache = torch.zeros(2, bs * 584, dtype=torch.uint8, device=device)
+        expected = torch.zeros(2, bs * 584, dtype=torch.uint8)
+        cs = cos_sin_cache()
+        if op == "qnorm_rope_kv_insert":
+            run_op(q, kv, cache, slots, positions, h, bs, fmt, device)
+            reference.qnorm_rope_kv_insert(q, kv, expected, slots, positions, cs, h, EPS, bs, True, fmt,
+                                           fmt.default_quant_max)
+        elif op == "kv_rope_quant_insert":
+            torch.ops.dsv4.kv_rope_quant_insert(kv.to(device), cache, slots.to(device), positions.to(device),
+                                                cs.to(device), bs, int(fmt), fmt.default_quant_max)
+            reference.kv_rope_quant_insert(kv, expected, slots, positions, cs, bs, fmt, fmt.default_quant_max)
+        else:
+            run_kv_norm(kv, weight, cache, slots, positions, bs, fmt, device)
+            reference.kv_norm_rope_quant_insert(kv, weight, expected, slots, positions, cs, EPS, bs, fmt,
+                                                fmt.default_quant_max)
+        # the block-split layout: bs data records of 576 bytes, then bs scale records of 8 bytes
+        data = cache.cpu()[0, : n * 576].view(n, 576)
+        scales = cache.cpu()[0, bs * 576 : bs * 576 + n * 8].view(n, 8)
+        want_data = expected[0, : n * 576].view(n, 576)
+        want_scales = expected[0, bs * 576 : bs * 576 + n * 8].view(n, 8)
+        if op != "kv_norm_rope_quant_insert":  # (the norm spreads a row's NaN or Inf over the whole row)
+            assert int(data[0, 5]) == 0xFE and int(scales[0, 0]) != 255, op  # NaN -> -M, block scale finite
+            assert int(scales[1, 1]) == 255 and int(data[1, 70]) == 0xFE, op  # +Inf: its block poisoned
+            assert int(data[1, 64]) & 0x7F == 0, op  # a finite value of that block -> 0
+            assert int(scales[2, 3]) == 255 and int(data[2, 200]) == 0xFE, op  # -Inf likewise
+        else:
+            assert bool((data[0, :448] == 0xFE).all()), "a NaN in the row makes the whole normed row NaN: -M"
+        assert_bytes_equal(data[:, :448], want_data[:, :448])
+        assert_bytes_equal(scales, want_scales)
+        rope, want_rope = data[:, 448:].contiguous().view(torch.bfloat16), want_data[:, 448:].contiguous().view(
+            torch.bfloat16)
+        assert torch.equal(rope.isnan(), want_rope.isnan())
+        assert_bits_equal(torch.nan_to_num(rope), torch.nan_to_num(want_rope))
+        assert not bool(cache.cpu()[1].any()) and not bool(cache.cpu()[0, n * 576 : bs * 576].any()), "no other byte"
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_nonfinite_inputs_through_the_full_cache_variants(device, fmt):
+    """spec §5, §7.4: the FP8 variant clamps fmin(fmax(x, -M), M) before converting, so NaN is stored as -M (0xFE
+    in both encodings) in the cache and in q_fp8, +-Inf as +-M; the bf16 variant keeps NaN and +-Inf. Without the
+    q norm (which would spread them over a head) each stays in its element."""
+    n, h, bs = 4, 3, 16
+    q, kv = nonfinite_rows(n, h, seed=61, rope_nan=True)
+    positions, slots = torch.arange(n) + 5, torch.arange(n)
+    cache = torch.zeros(1, bs, 512, dtype=fmt.torch_dtype, device=device)
+    got_q = run_full_cache("fp8", q, kv, cache, slots, positions, bs, device, fmt, apply_q_norm=False).view(
+        torch.uint8)
+    got_cache = cache.cpu().view(torch.uint8)[0]
+    assert int(got_cache[0, 5]) == 0xFE and int(got_cache[1, 70]) == 0x7E and int(got_cache[2, 200]) == 0xFE
+    assert int(got_q[0, 0, 7]) == 0xFE and int(got_q[1, h - 1, 300]) == 0x7E and int(got_q[2, 0, 9]) == 0xFE
+    want_q, want_cache = reference_full_cache("fp8", q, kv, 1, bs, slots, positions, fmt, apply_q_norm=False)
+    assert_bytes_equal(got_q, want_q)
+    assert_bytes_equal(got_cache.reshape(1, bs, 512), want_cache)
+    bf16_cache = torch.zeros(1, bs, 512, dtype=torch.bfloat16, device=device)
+    got_q = run_full_cache("bf16", q, kv, bf16_cache, slots, positions, bs, device, apply_q_norm=False)
+    got_cache = bf16_cache.cpu()[0]
+    assert got_cache[0, 5].isnan() and got_cache[1, 70] == float("inf") and got_cache[2, 200] == float("-inf")
+    assert got_q[0, 0, 7].isnan() and got_q[1, h - 1, 300] == float("inf") and got_q[2, 0, 9] == float("-inf")
+    want_q, want_cache = reference_full_cache("bf16", q, kv, 1, bs, slots, positions, apply_q_norm=False)
+    for got, want in ((got_q, want_q), (got_cache, want_cache[0])):
+        assert torch.equal(got.isnan(), want.isnan())
+        assert torch.equal(torch.nan_to_num(got.float()), torch.nan_to_num(want.float()))

@@ -184,7 +184,11 @@ TEST(ModelKvCache, QnormRopeKvInsertMatchesCpu) {
   Random random(22);
   constexpr int64_t kTokens = 19, kHeads = 3, kPadded = 4, kPositions = 64;
   const std::vector<uint16_t> q = random.bf16(kTokens * kHeads * 512, 2.0f);
-  const std::vector<uint16_t> kv = random.bf16(kTokens * 512, 2.0f);
+  std::vector<uint16_t> kv = random.bf16(kTokens * 512, 2.0f);
+  // NaN, +Inf and -Inf in NoPE dims: -M in the FP8 rows (NaN and -Inf) and +M; a record's block poisoned by an Inf.
+  kv[4 * 512 + 5] = 0x7FC0;
+  kv[6 * 512 + 70] = 0x7F80;
+  kv[8 * 512 + 200] = 0xFF80;
   const std::vector<uint16_t> kv_norm_weight = random.bf16(512, 1.0f);
   const std::vector<float> cos_sin = rope_table(kPositions);
   std::vector<int64_t> positions(kTokens);

@@ -65,6 +65,11 @@ def _positions_valid(positions: torch.Tensor, cos_sin_cache: torch.Tensor) -> to
     return (positions >= 0) & (positions < cos_sin_cache.shape[0])
 
 
+def _clamp_nan_to_min(y: torch.Tensor, qmax: float) -> torch.Tensor:
+    """The KV writers' clamp fmin(fmax(y, -qmax), qmax) (spec §7.4): NaN becomes -qmax."""
+    return torch.where(torch.isnan(y), torch.full_like(y, -qmax), y.clamp(-qmax, qmax))
+
+
 def quantize_kv_record(k: torch.Tensor, fp8_format, quant_max: Optional[float] = None):
     """k [T, 512] (values already bf16-representable) -> (data [T, 576] uint8, scales [T, 8] uint8)."""
     fmt = int(fp8_format)
@@ -76,7 +81,7 @@ def quantize_kv_record(k: torch.Tensor, fp8_format, quant_max: Optional[float] =
     inverse = torch.where(scale_bytes == 255, torch.zeros(1, dtype=torch.float64, device=k.device),
                           _pow2(127 - scale_bytes.long()))
     y = nope.to(torch.float64) * inverse.unsqueeze(-1)  # exact: power-of-two scaling of fp32 values
-    y = torch.where(torch.isnan(y), torch.full_like(y, -qmax), y.clamp(-qmax, qmax))
+    y = _clamp_nan_to_min(y, qmax)
     codes = fp8_encode(y.to(torch.float32).reshape(-1, NOPE_DIM), fmt, qmax).view(torch.uint8)
     rope = x[:, NOPE_DIM:].to(torch.bfloat16).contiguous().view(torch.uint8).reshape(-1, 2 * ROPE_DIM)
     data = torch.cat([codes, rope], dim=1)
@@ -261,16 +266,18 @@ def qnorm_rope_kv_insert_full_cache_fp8(q: torch.Tensor, kv: torch.Tensor, q_fp8
                                         cache_block_size: int, apply_q_norm: bool = True, fp8_format=OCP,
                                         quant_max: Optional[float] = None):
     """spec §5, fp8 variant: q_fp8 = fp8(clamp(q_fp32 * q_scale_inv)); cache = fp8(clamp(kv_fp32 / scale)),
-    from fp32 with no bf16 round; bytes in `fp8_format` whatever the tensors' float8 dtype."""
+    from fp32 with no bf16 round, the clamp taking NaN to -quant_max (§7.4); bytes in `fp8_format` whatever the
+    tensors' float8 dtype."""
     fmt = int(fp8_format)
     qmax = _quant_max(fmt, quant_max)
     q32 = qnorm_rope(q, position_ids, cos_sin_cache, eps, apply_q_norm)
-    q_fp8.view(torch.uint8).copy_(fp8_encode(q32 * q_fp8_scale_inv.to(torch.float32), fmt, qmax).view(torch.uint8))
+    q_scaled = _clamp_nan_to_min(q32 * q_fp8_scale_inv.to(torch.float32), qmax)
+    q_fp8.view(torch.uint8).copy_(fp8_encode(q_scaled, fmt, qmax).view(torch.uint8))
     n_ins = slot_mapping.shape[0]
     # Multiplied by the fp32 reciprocal, as the kernels do (spec §5: it differs from a division only for
     # scales that are not powers of two).
     k32 = kv_rope(kv[:n_ins], position_ids[:n_ins], cos_sin_cache) * (1.0 / fp8_scale.to(torch.float32))
-    codes = fp8_encode(k32, fmt, qmax).view(torch.uint8)
+    codes = fp8_encode(_clamp_nan_to_min(k32, qmax), fmt, qmax).view(torch.uint8)
     slots = slot_mapping.long()
     keep = (slots >= 0) & (slots < k_cache.shape[0] * cache_block_size)
     keep &= _positions_valid(position_ids[:n_ins], cos_sin_cache)

@@ -62,28 +62,16 @@ DSV4_DEVICE void store_zero_bf16_share(uint16_t* row, int lane) {
   for (int h = 0; h < 2; ++h) *reinterpret_cast<uint4*>(row + h * kHalfDims + lane * kPieceDims) = make_uint4(0, 0, 0, 0);
 }
 
-// fp8(clamp(v * multiplier, +-quant_max)) for 8 values, two per conversion instruction where the device
-// has a paired one (dsv4/fp8x2.h: the same bytes as fp8_encode_clamped on each value).
-// NaN is tested once for the 8 values (their sum is NaN if one is, and when +inf meets -inf, which the
-// general path handles as well), not per pair.
+// fp8(clamp(v * multiplier, +-quant_max)) for 8 values, NaN to -quant_max as the upstream writers (spec
+// kv_cache §5, §7.4), two per conversion instruction where the device has a paired one (dsv4/fp8x2.h: the
+// same bytes as fp8_encode_clamped_nan_to_min on each value).
 template <Fp8Format F>
 DSV4_DEVICE uint2 pack_fp8x8(const float* values, float multiplier, float quant_max) {
-  float scaled[kPieceDims];
-#pragma unroll
-  for (int j = 0; j < kPieceDims; ++j) scaled[j] = values[j] * multiplier;
-  const float probe =
-      ((scaled[0] + scaled[1]) + (scaled[2] + scaled[3])) + ((scaled[4] + scaled[5]) + (scaled[6] + scaled[7]));
   uint32_t words[2] = {0, 0};
-  if (probe == probe) {
 #pragma unroll
-    for (int j = 0; j < kPieceDims; j += 2) {
-      words[j / 4] |= fp8x2_encode_clamped_not_nan<F>(scaled[j], scaled[j + 1], quant_max) << (8 * (j % 4));
-    }
-  } else {
-#pragma unroll
-    for (int j = 0; j < kPieceDims; j += 2) {
-      words[j / 4] |= fp8x2_encode_clamped<F>(scaled[j], scaled[j + 1], quant_max) << (8 * (j % 4));
-    }
+  for (int j = 0; j < kPieceDims; j += 2) {
+    words[j / 4] |= fp8x2_encode_clamped_nan_to_min<F>(values[j] * multiplier, values[j + 1] * multiplier, quant_max)
+                    << (8 * (j % 4));
   }
   return make_uint2(words[0], words[1]);
 }

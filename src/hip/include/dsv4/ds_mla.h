@@ -56,10 +56,7 @@ DSV4_HD float ue8m0_inverse_scale(uint8_t u) {
 // becomes -quant_max, as the upstream writers do), encode round-to-nearest-even.
 template <Fp8Format F>
 DSV4_HD uint8_t quantize_nope_value(float x, float inverse_scale, float quant_max) {
-  float y = x * inverse_scale;
-  y = y > -quant_max ? y : -quant_max;  // also NaN -> -quant_max
-  y = y < quant_max ? y : quant_max;
-  return fp8_encode<F>(y);
+  return fp8_encode_clamped_nan_to_min<F>(x * inverse_scale, quant_max);
 }
 
 // One NoPE value back: FP8 value times the block scale (exact in fp32). In FNUZ a 0x80 byte (NaN there)

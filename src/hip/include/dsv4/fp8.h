@@ -168,6 +168,15 @@ DSV4_HD uint8_t fp8_encode_clamped(float x, float quant_max) {
   return fp8_encode<F>(clamped);
 }
 
+// The KV-cache writers' step (spec kv_cache §7.4): clamp max-then-min, fmin(fmax(x, -quant_max), quant_max),
+// then encode, so that NaN becomes -quant_max as in the upstream writers (unlike fp8_encode_clamped).
+template <Fp8Format F>
+DSV4_HD uint8_t fp8_encode_clamped_nan_to_min(float x, float quant_max) {
+  x = x > -quant_max ? x : -quant_max;  // also NaN -> -quant_max
+  x = x < quant_max ? x : quant_max;
+  return fp8_encode<F>(x);
+}
+
 // An OCP byte re-read as FNUZ is worth half; checkpoint normalization for gfx942 keeps the value by
 // doubling the scale. 0x80 (OCP -0) would be FNUZ NaN and becomes 0x00; OCP NaN becomes FNUZ NaN.
 DSV4_HD uint8_t ocp_byte_to_fnuz_byte(uint8_t code) {

@@ -83,6 +83,15 @@ DSV4_HD uint32_t fp8x2_encode_clamped_not_nan(float lo, float hi, float quant_ma
          (static_cast<uint32_t>(fp8_encode_clamped<F>(hi, quant_max)) << 8);
 }
 
+// fp8_encode_clamped_nan_to_min<F>(lo) in bits 0..7 and (hi) in bits 8..15: the KV writers' clamp, NaN to
+// -quant_max. The paired path's fmaxf already takes NaN to the lower bound (IEEE maxNum), so it needs no test.
+template <Fp8Format F>
+DSV4_HD uint32_t fp8x2_encode_clamped_nan_to_min(float lo, float hi, float quant_max) {
+  if constexpr (fp8x2_uses_hardware<F>()) return fp8x2_encode_clamped_not_nan<F>(lo, hi, quant_max);
+  return static_cast<uint32_t>(fp8_encode_clamped_nan_to_min<F>(lo, quant_max)) |
+         (static_cast<uint32_t>(fp8_encode_clamped_nan_to_min<F>(hi, quant_max)) << 8);
+}
+
 // fp8_encode_clamped<F>(lo) in bits 0..7 and fp8_encode_clamped<F>(hi) in bits 8..15.
 template <Fp8Format F>
 DSV4_HD uint32_t fp8x2_encode_clamped(float lo, float hi, float quant_max) {
