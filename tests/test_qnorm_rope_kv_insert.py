@@ -393,7 +393,7 @@ def _args(**over):
         (dict(slot_mapping=torch.arange(4)), "slot_mapping has 4 entries for 3 tokens"),
         (dict(cos_sin_cache=CS[:, :32]), r"cos_sin_cache must have shape \[positions, 64\]"),
         (dict(cos_sin_cache=CS.double()), "cos_sin_cache must have dtype float32"),
-        (dict(cache_block_size=0), r"block_size must be in \[1, 2\^31 - 1\]"),
+        (dict(cache_block_size=0), r"cache_block_size must be in \[1, 2\^31 - 1\]"),
         (dict(eps=float("nan")), "eps must be finite"),
         (dict(fp8_format=1, quant_max=300.0), r"quant_max must be in \(0, 240\]"),
         (dict(q_in=Q.transpose(0, 1)), "must have shape|must be contiguous"),

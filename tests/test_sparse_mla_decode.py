@@ -269,7 +269,7 @@ def test_block_size_must_match_a_584_byte_record_view_and_padded_blocks_read(dev
     view = main_cache.view(main_cache.shape[0], 64, 584)
     q = torch.randn(1, 2, 512, generator=torch.Generator().manual_seed(30)).to(torch.bfloat16).to(device)
     indices, indptr = to(device, *ragged([[0, 70]]))
-    with pytest.raises(RuntimeError, match=r"is a \[num_blocks, 64, 584\] view but block_size is 16"):
+    with pytest.raises(RuntimeError, match=r"is a \[num_blocks, 64, 584\] view but main_block_size is 16"):
         dsv4ops.sparse_mla_decode(q, view, indices, indptr, 16, main_format="ocp")
     # blocks 64 * 584 + 64 bytes apart, the storage ending right after the last block's records
     padded_storage = torch.zeros(main_cache.shape[0] * (64 * 584 + 64) - 64, dtype=torch.uint8, device=device)
@@ -313,26 +313,59 @@ def test_zero_tokens_and_invalid_inputs(device):
     idx, ptr = to(device, *ragged([[0], [1]]))
     shared = torch.zeros(2 * 4 * 512 + 512, dtype=torch.bfloat16, device=device)  # q and out one head apart
     call = lambda **o: torch.ops.dsv4.sparse_mla_decode(  # noqa: E731
-        o.get("q", q), o.get("cache", main_cache), o.get("idx", idx), o.get("ptr", ptr), 64, o.get("extra"), None,
-        None, 16, o.get("sink"), o.get("scale", SCALE), 0, 0, o.get("splits", 0), o.get("cos_sin"), o.get("positions"),
+        o.get("q", q), o.get("cache", main_cache), o.get("idx", idx), o.get("ptr", ptr), o.get("bs", 64),
+        o.get("extra"), o.get("extra_idx", idx if "extra" in o else None),
+        o.get("extra_ptr", ptr if "extra" in o else None), o.get("extra_bs", 64), o.get("sink"),
+        o.get("scale", SCALE), 0, 0, o.get("splits", 0), o.get("cos_sin"), o.get("positions"),
         out=o.get("out", torch.empty_like(q)))
+    call(extra=main_cache)  # the extra side as valid as the main one: each case below breaks one thing
+    call(cos_sin=torch.zeros(8, 64, device=device), positions=torch.arange(2, device=device))
+    i32 = dict(dtype=torch.int32, device=device)
+    sink_and_out = torch.zeros(2 * 4 * 256 + 4, device=device)  # an fp32 sink inside out's bytes
     for kwargs, match in [
         (dict(q=q.float()), "q must have dtype bfloat16"),
-        (dict(ptr=ptr[:2]), "indptr must have 3 entries"),
-        (dict(idx=idx.long()), "indices must have dtype int32"),
+        (dict(q=torch.zeros(2, 512, 4, dtype=torch.bfloat16, device=device).transpose(1, 2)),
+         r"q must have shape \[tokens, heads, 512\] with the last dim contiguous"),
+        (dict(ptr=ptr[:2]), "main_indptr must have 3 entries"),
+        (dict(ptr=ptr.long()), "main_indptr must have dtype int32"),
+        (dict(ptr=torch.zeros(6, **i32)[::2]), "main_indptr must be contiguous"),
+        (dict(idx=idx.long()), "main_indices must have dtype int32"),
+        (dict(idx=idx.view(2, 1)), "main_indices must be 1-D"),
+        (dict(idx=torch.zeros(4, **i32)[::2]), "main_indices must be contiguous"),
+        (dict(bs=0), r"main_block_size must be in \[1, 2\^31 - 1\]"),
+        (dict(extra=main_cache, extra_ptr=ptr[:2]), "extra_indptr must have 3 entries"),
+        (dict(extra=main_cache, extra_ptr=ptr.long()), "extra_indptr must have dtype int32"),
+        (dict(extra=main_cache, extra_idx=idx.long()), "extra_indices must have dtype int32"),
+        (dict(extra=main_cache, extra_idx=torch.zeros(4, **i32)[::2]), "extra_indices must be contiguous"),
+        (dict(extra=main_cache, extra_bs=0), r"extra_block_size must be in \[1, 2\^31 - 1\]"),
+        (dict(extra=main_cache[:, :1000]), "extra_cache blocks of 1000 bytes cannot hold extra_block_size=64"),
+        (dict(sink=torch.zeros(4, dtype=torch.float64, device=device)), "attn_sink must have dtype float32"),
+        (dict(sink=torch.zeros(8, device=device)[::2]), "attn_sink must be contiguous"),
+        (dict(sink=sink_and_out[8:12], out=sink_and_out[4:].view(torch.bfloat16).view(2, 4, 512)),
+         "attn_sink must not overlap out"),
+        (dict(cos_sin=torch.zeros(8, 32, device=device), positions=torch.arange(2, device=device)),
+         r"cos_sin must have shape \[positions >= 1, 64\]"),
+        (dict(cos_sin=torch.zeros(8, 64, dtype=torch.float64, device=device), positions=torch.arange(2, device=device)),
+         "cos_sin must have dtype"),
+        (dict(cos_sin=torch.zeros(8, 64, device=device), positions=torch.zeros(2, device=device)),
+         "positions must have dtype"),
+        (dict(cos_sin=torch.zeros(8, 64, device=device), positions=torch.arange(1, device=device)),
+         "positions must be 1-D with at least 2 entries"),
         (dict(sink=torch.zeros(2, device=device)), "attn_sink must be 1-D with at least 4 entries"),
         (dict(scale=0.0), "scale must be finite and positive"),
         (dict(splits=65), r"num_splits must be in \[0, 64\]"),
-        (dict(extra=main_cache), "extra_cache, extra_indices and extra_indptr come together"),
+        (dict(extra=main_cache, extra_idx=None), "extra_cache, extra_indices and extra_indptr come together"),
         (dict(cos_sin=torch.zeros(8, 64, device=device)), "cos_sin and positions come together"),
         (dict(out=torch.empty(2, 3, 512, dtype=torch.bfloat16, device=device)), "out must have q's shape"),
         (dict(out=torch.empty(1, 1, 512, dtype=torch.bfloat16, device=device).expand(2, 4, 512)),
          "out must not overlap itself"),
-        (dict(cache=main_cache[:, :1000]), "cannot hold block_size=64 records|must be contiguous"),
+        (dict(cache=main_cache[:, :1000]), "main_cache blocks of 1000 bytes cannot hold main_block_size=64 records"),
         (dict(out=q), "q must not overlap out"),
         (dict(q=shared[:4096].view(2, 4, 512), out=shared[512:].view(2, 4, 512)), "q must not overlap out"),
         (dict(out=main_cache.view(torch.bfloat16)[0, :4096].view(2, 4, 512)), "main_cache must not overlap out"),
-    ]:
+    ] + ([(dict(idx=idx.cpu()), "q and main_indices must be on the same device"),
+          (dict(extra=main_cache, extra_ptr=ptr.cpu()), "q and extra_indptr must be on the same device")]
+         if device != "cpu" else []):
         with pytest.raises(RuntimeError, match=match):
             call(**kwargs)
 

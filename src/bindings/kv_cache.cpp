@@ -39,7 +39,7 @@ void quantize_and_insert_k_cache(const Tensor& k, Tensor k_cache, const Tensor& 
   check_bf16_row_matrix(k, kOp, "k");
   const Fp8Format format = checked_fp8_format(fp8_format, kOp);
   KvInsertArgs args{};
-  args.cache = checked_cache(k_cache, block_size, kOp, "k_cache");
+  args.cache = checked_cache(k_cache, block_size, kOp, "k_cache", "block_size");
   check_index_vector(slot_mapping, ScalarType::Long, -1, kOp, "slot_mapping");
   STD_TORCH_CHECK(slot_mapping.size(0) <= k.size(0), kOp, ": slot_mapping has ", slot_mapping.size(0),
                   " entries for ", k.size(0), " rows of k");
@@ -72,7 +72,7 @@ void dequantize_and_gather_k_cache(Tensor out, const Tensor& k_cache, const Tens
                   kOp, ": out rows must be contiguous and 16-byte aligned");
   check_no_self_overlap(out, kOp, "out");
   const Fp8Format format = checked_fp8_format(fp8_format, kOp);
-  const DsMlaCache cache = checked_cache(k_cache, block_size, kOp, "k_cache");
+  const DsMlaCache cache = checked_cache(k_cache, block_size, kOp, "k_cache", "block_size");
   const int64_t requests = out.size(0);
   check_index_vector(seq_lens, ScalarType::Int, requests, kOp, "seq_lens");
   if (gather_lens.has_value()) check_index_vector(*gather_lens, ScalarType::Int, requests, kOp, "gather_lens");
@@ -181,7 +181,7 @@ QnormRopeKvInsertArgs checked_kv_side(const Tensor& kv, const Tensor& slot_mappi
 void set_ds_mla_cache(QnormRopeKvInsertArgs& args, const Tensor& k_cache, const Tensor& kv, int64_t block_size,
                       const char* op) {
   args.kv_store = KvRowStore::kDsMlaRecord;
-  args.cache = checked_cache(k_cache, block_size, op, "k_cache");
+  args.cache = checked_cache(k_cache, block_size, op, "k_cache", "cache_block_size");
   check_same_device(kv, "kv", k_cache, "k_cache", op);
 }
 

@@ -96,6 +96,8 @@ MhcPreArgs checked_pre(const Tensor& residual, const Tensor& fn, const Tensor& s
 std::optional<Tensor> pre_workspace(MhcPreArgs& args, const Tensor& residual) {
 #if defined(DSV4OPS_WITH_GPU)
   if (!residual.is_cpu() && args.tokens > 0) {
+    // The split count is sized to the residual's device (its multiprocessors), which need not be the current one.
+    torch::stable::accelerator::DeviceGuard guard(residual.get_device_index());
     args.k_splits = gpu::mhc_pre_k_splits(args.tokens, args.hidden, args.mixes);
     Tensor workspace = torch::stable::new_empty(
         residual, {gpu::mhc_pre_workspace_floats(args.tokens, args.hidden, args.mixes)}, ScalarType::Float);

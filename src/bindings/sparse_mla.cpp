@@ -4,6 +4,7 @@
 #include <cmath>
 #include <limits>
 #include <optional>
+#include <string>
 
 #include "common.h"
 #include "cpu/sparse_mla/sparse_mla_cpu.h"
@@ -24,17 +25,22 @@ void check_rows(const Tensor& t, const char* op, const char* arg) {
                   " must have shape [tokens, heads, 512] with the last dim contiguous, got ", shape_string(t));
 }
 
+// One cache with its index lists; side: "main" or "extra", the prefix of the arguments' names.
 SparseKeySource checked_source(const Tensor& cache, const Tensor& indices, const Tensor& indptr, int64_t block_size,
-                               int64_t fp8_format, int64_t tokens, const Tensor& q, const char* op, const char* name) {
-  const DsMlaCache checked = checked_cache(cache, block_size, op, name);
-  check_dtype(indices, op, "indices", {ScalarType::Int});
-  STD_TORCH_CHECK(indices.dim() == 1, op, ": ", name, " indices must be 1-D, got ", shape_string(indices));
-  check_contiguous(indices, op, "indices");
-  check_dtype(indptr, op, "indptr", {ScalarType::Int});
-  STD_TORCH_CHECK(indptr.dim() == 1 && indptr.size(0) == tokens + 1, op, ": ", name, " indptr must have ", tokens + 1,
+                               int64_t fp8_format, int64_t tokens, const Tensor& q, const char* op,
+                               const std::string& side) {
+  const std::string cache_arg = side + "_cache", indices_arg = side + "_indices", indptr_arg = side + "_indptr";
+  const DsMlaCache checked = checked_cache(cache, block_size, op, cache_arg.c_str(), (side + "_block_size").c_str());
+  check_dtype(indices, op, indices_arg.c_str(), {ScalarType::Int});
+  STD_TORCH_CHECK(indices.dim() == 1, op, ": ", indices_arg, " must be 1-D, got ", shape_string(indices));
+  check_contiguous(indices, op, indices_arg.c_str());
+  check_dtype(indptr, op, indptr_arg.c_str(), {ScalarType::Int});
+  STD_TORCH_CHECK(indptr.dim() == 1 && indptr.size(0) == tokens + 1, op, ": ", indptr_arg, " must have ", tokens + 1,
                   " entries, got ", shape_string(indptr));
-  check_contiguous(indptr, op, "indptr");
-  for (const Tensor* t : {&cache, &indices, &indptr}) check_same_device(q, "q", *t, name, op);
+  check_contiguous(indptr, op, indptr_arg.c_str());
+  check_same_device(q, "q", cache, cache_arg.c_str(), op);
+  check_same_device(q, "q", indices, indices_arg.c_str(), op);
+  check_same_device(q, "q", indptr, indptr_arg.c_str(), op);
   return SparseKeySource{checked.bytes, checked.num_blocks, block_size, checked.block_stride,
                          static_cast<const int32_t*>(indices.data_ptr()), indices.size(0),
                          static_cast<const int32_t*>(indptr.data_ptr()), checked_fp8_format(fp8_format, op)};
@@ -56,13 +62,13 @@ void sparse_mla_decode(const Tensor& q, const Tensor& main_cache, const Tensor& 
   const int64_t tokens = q.size(0);
   SparseMlaDecodeArgs args{};
   args.main = checked_source(main_cache, main_indices, main_indptr, main_block_size, main_format, tokens, q, kOp,
-                             "main_cache");
+                             "main");
   const bool has_extra = extra_cache.has_value();
   STD_TORCH_CHECK(has_extra == extra_indices.has_value() && has_extra == extra_indptr.has_value(), kOp,
                   ": extra_cache, extra_indices and extra_indptr come together");
   if (has_extra) {
     args.extra = checked_source(*extra_cache, *extra_indices, *extra_indptr, extra_block_size, extra_format, tokens, q,
-                                kOp, "extra_cache");
+                                kOp, "extra");
   }
   if (attn_sink.has_value()) {
     check_dtype(*attn_sink, kOp, "attn_sink", {ScalarType::Float});
@@ -120,6 +126,8 @@ void sparse_mla_decode(const Tensor& q, const Tensor& main_cache, const Tensor& 
     STD_TORCH_CHECK(tokens <= std::numeric_limits<int32_t>::max(), kOp, ": at most 2^31 - 1 query rows, got ",
                     tokens);
     STD_TORCH_CHECK(args.heads <= 65535, kOp, ": at most 65535 heads on the GPU, got ", args.heads);
+    // The split count is sized to q's device (its multiprocessors), which need not be the current one.
+    torch::stable::accelerator::DeviceGuard guard(q.get_device_index());
     args.num_splits = gpu::sparse_mla_decode_num_splits(args, static_cast<int>(num_splits));
     const int64_t workspace_floats = gpu::sparse_mla_workspace_floats(args);  // 0: one split, no partials
     if (workspace_floats > 0) {
