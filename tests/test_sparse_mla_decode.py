@@ -247,6 +247,52 @@ def test_indptr_outside_the_index_list_is_clamped(device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+def test_decreasing_indptr_gives_empty_or_overlapping_rows(device):
+    """Row t reads indices [indptr[t], indptr[t + 1]) clamped to [0, nnz]: an end below its start is an empty row
+    (zeros), and rows may overlap; defined, graph-safe (no host check), the same on every path."""
+    main_cache = written_cache(64, 64, Fp8Format.OCP, seed=56)
+    q = torch.randn(3, 2, 512, generator=torch.Generator().manual_seed(57)).to(torch.bfloat16)
+    indices = torch.tensor([1, 2, 3, 4, 5, 6], dtype=torch.int32)
+    indptr = torch.tensor([0, 5, 3, 6], dtype=torch.int32)
+    want = reference.sparse_mla_decode(q, main_cache, indices, indptr, 64, None, None, None, 64, None, SCALE, 0)
+    same_rows = ragged([[1, 2, 3, 4, 5], [], [4, 5, 6]])
+    want_same = reference.sparse_mla_decode(q, main_cache, *same_rows, 64, None, None, None, 64, None, SCALE, 0)
+    assert torch.equal(want, want_same)
+    assert not bool(want[1].any()), "the row whose end lies below its start is empty"
+    q, main_cache, indices, indptr = to(device, q, main_cache, indices, indptr)
+    got = dsv4ops.sparse_mla_decode(q, main_cache, indices, indptr, 64, main_format="ocp")
+    assert not bool(got[1].any())
+    assert_close_to_reference(got, want)
+
+
+def test_reference_on_hand_worked_rows():
+    """The oracle itself (ARCHITECTURE §5) against values worked by hand, so that the kernels and the reference
+    cannot share a misreading: scores scale * q . k, the sink in the denominator only, V = K over all 512 dims
+    (a RoPE dim included), invalid slots skipped, an empty row zero. Keys exact in FP8 (powers of two)."""
+    keys = torch.zeros(3, 512)
+    keys[0, 0], keys[0, 500] = 1.0, 3.0  # k0: NoPE dim 0 and RoPE dim 500
+    keys[1, 1] = 1.0  # k1
+    keys[2, 0] = 2.0  # k2
+    cache = torch.zeros(2, 16 * 584, dtype=torch.uint8)
+    dsv4ops.reference.kv_cache.quantize_and_insert_k_cache(keys.to(torch.bfloat16), cache, torch.arange(3), 16, 0)
+    q = torch.zeros(3, 2, 512, dtype=torch.bfloat16)
+    q[:, 0, 0] = 1.0  # head 0 scores q . k = k[0]; head 1 scores 0 everywhere
+    indices, indptr = ragged([[0, 1], [-1, 2, 31, 99999], []])  # slot 31: past the written keys, still in the cache
+    sink = torch.tensor([0.0, float("-inf")])
+    got = reference.sparse_mla_decode(q, cache, indices, indptr, 16, None, None, None, 16, sink, 1.0, 0).double()
+    e = torch.e
+    want = torch.zeros(3, 2, 512, dtype=torch.float64)
+    k = keys.double()
+    want[0, 0] = (e * k[0] + k[1]) / (e + 1 + 1)  # scores 1 and 0, the sink's exp(0) in the denominator
+    want[0, 1] = (k[0] + k[1]) / 2  # equal scores, a sink of -inf adds nothing
+    # row 1: slot 31 holds a zero key (score 0): weights e^2 (k2), 1 (slot 31), 1 (sink)
+    want[1, 0] = e**2 * k[2] / (e**2 + 1 + 1)
+    want[1, 1] = k[2] / 2
+    torch.testing.assert_close(got, want.to(torch.bfloat16).double(), rtol=2.0**-8, atol=0)
+    assert float(got[0, 0, 500]) != 0, "V covers the RoPE dims too"
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_non_finite_sinks(device):
     """A NaN sink counts as no sink; a +inf sink takes all the weight (zeros); the reference agrees."""
     main_cache = written_cache(64, 64, Fp8Format.OCP, seed=27)

@@ -171,4 +171,18 @@ TEST(ModelSparseMla, StridedRowsSmallBlocksInt32Positions) {
   check_decode(128, 1, chip_format(), true, 0, true, 68, false, true);  // DSv4-Pro at TP1
 }
 
+// The automatic split count of a long row on few blocks (one row, 16 heads, 1152 keys: 36 one-tile splits
+// possible) stays within spec §4's bounds: 16 on gfx942, 32 on gfx950 (NVIDIA: the launcher's 64).
+TEST(ModelSparseMla, AutomaticSplitsWithinTheChipsBound) {
+  dsv4::SparseMlaDecodeArgs args{};
+  args.tokens = 1;
+  args.heads = 16;
+  args.main.index_count = 1152;
+  const int splits = dsv4::gpu::sparse_mla_decode_num_splits(args, 0);
+  const bool nvidia = std::strcmp(DSV4_SIM_ARCH, "sm_90a") == 0;
+  EXPECT_GT(splits, 1) << DSV4_SIM_ARCH;
+  EXPECT_LE(splits, nvidia ? 64 : (is_gfx942() ? 16 : 32)) << DSV4_SIM_ARCH;
+  EXPECT_EQ(dsv4::gpu::sparse_mla_decode_num_splits(args, 48), 48) << "an explicit count is taken as it is";
+}
+
 }  // namespace

@@ -62,7 +62,7 @@ constexpr int kPasses = kTileKeys / kKeysPerPass;        // 4
 constexpr int kPieceDims = 8;
 constexpr int kReduceThreads = kDim / 4;                                  // 128, 4 dims each
 constexpr int kMaxSplits = 64;      // the launcher's limit (explicit or automatic)
-constexpr int kMaxAutoSplits = 64;  // 1152 keys a row: 36 one-tile splits
+constexpr int kMaxAutoSplits = 64;  // NVIDIA (1152 keys a row: 36 one-tile splits); AMD: max_auto_splits()
 constexpr int kKeysPerSplitMin = kTileKeys;  // automatic splits: at least one tile each
 
 static_assert(kTileKeys == 32 && kKeysPerPass * kPasses == kTileKeys, "tile shape");
@@ -1501,6 +1501,16 @@ __global__ void __launch_bounds__(kReduceThreads) sparse_mla_reduce_kernel(Spars
 // slower: 58.8 us against 52.4). The AMD targets keep one group: two would exceed gfx942's 64 KB of LDS.
 constexpr int64_t kMaxOneGroupBlocks = 16;
 
+// The most splits the automatic choice takes: spec §4 bounds it at 16 on gfx942 and 32 on gfx950 (whose
+// partials traffic and reduce the H200-fitted model below does not describe).
+int max_auto_splits() {
+#if DSV4_SPARSE_MLA_MFMA_LAYOUT
+  return device_matrix_units_read_fnuz() ? 16 : 32;  // FNUZ matrix units: gfx942
+#else
+  return kMaxAutoSplits;
+#endif
+}
+
 int heads_per_block(int64_t tokens, int64_t heads) {
 #if DSV4_SPARSE_MLA_MFMA_LAYOUT
   (void)tokens, (void)heads;
@@ -1639,7 +1649,8 @@ int sparse_mla_decode_num_splits(const SparseMlaDecodeArgs& args, int requested)
   const int64_t keys = args.main.index_count + (args.extra.bytes != nullptr ? args.extra.index_count : 0);
   const int64_t per_row = (keys + args.tokens - 1) / args.tokens;
   int64_t max_splits = (per_row + kKeysPerSplitMin - 1) / kKeysPerSplitMin;
-  max_splits = max_splits > kMaxAutoSplits ? kMaxAutoSplits : (max_splits < 1 ? 1 : max_splits);
+  const int64_t cap = max_auto_splits();
+  max_splits = max_splits > cap ? cap : (max_splits < 1 ? 1 : max_splits);
   int64_t best = 1;
   double best_cost = -1;
   for (int64_t splits = 1; splits <= max_splits; ++splits) {
