@@ -74,6 +74,33 @@ def test_gather_matches_reference(device, fmt):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+def test_gather_reads_a_sliced_block_table_and_an_empty_one(device):
+    """vLLM passes block_table[:, :n], whose row stride is wider than its rows: rows are read at stride(0) (spec
+    §9.2 assumes the width). A table of no columns leaves every gathered row zero, on every path."""
+    block_size, blocks, fmt = 16, 8, Fp8Format.OCP
+    cache = make_cache(blocks, block_size)
+    reference.quantize_and_insert_k_cache(make_k(blocks * block_size, seed=58), cache,
+                                          torch.arange(blocks * block_size), block_size, fmt)
+    seq_lens = torch.tensor([40, 33], dtype=torch.int32)
+    wide = torch.tensor([[3, 1, 2, 7, 7, 7], [5, 6, 0, 7, 7, 7]], dtype=torch.int32)
+    sliced = wide[:, :3]
+    assert sliced.stride(0) == 6 and not sliced.is_contiguous()
+    expected = torch.full((2, 40, 512), 7.0, dtype=torch.bfloat16)
+    reference.dequantize_and_gather_k_cache(expected, cache, seq_lens, None, sliced.contiguous(), block_size, 0, fmt)
+    for table in (sliced, torch.zeros(2, 0, dtype=torch.int32)):
+        out = torch.full((2, 40, 512), 7.0, dtype=torch.bfloat16, device=device)
+        torch.ops.dsv4.dequantize_and_gather_k_cache(out, cache.to(device), seq_lens.to(device), None,
+                                                     table.to(device), block_size, 0, int(fmt))
+        want = torch.full((2, 40, 512), 7.0, dtype=torch.bfloat16)
+        reference.dequantize_and_gather_k_cache(want, cache, seq_lens, None, table, block_size, 0, fmt)
+        if table.shape[1]:
+            assert_bits_equal(want, expected)
+        else:
+            assert not bool(want[0].any()) and not bool(want[1, :33].any()), "no table: zero rows"
+        assert_bits_equal(out, want)
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_gather_of_arbitrary_bytes_matches_reference(device, fmt):
     # Records no writer would produce: every code and every scale byte, including those below 11 where

@@ -97,6 +97,30 @@ def test_q_path_matches_reference(device, h, hp, n):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+def test_row_strided_kv_is_read_at_its_stride(device):
+    """kv rows at a 16-byte aligned stride wider than 512 (a slice of a fused projection's output) are read as
+    they lie, by the main op and by the full-cache bf16 variant: the same bytes as a contiguous copy."""
+    n, h, bs = 9, 2, 16
+    q, kv = inputs(n, h, seed=59, device="cpu")
+    wide = torch.randn(n, 576).to(torch.bfloat16)
+    wide[:, :512] = kv
+    strided = wide[:, :512].to(device)
+    assert not strided.is_contiguous() and strided.stride(0) == 576
+    positions, slots = torch.arange(n), torch.arange(n)
+    caches = [torch.zeros(2, bs * 584, dtype=torch.uint8, device=device) for _ in range(2)]
+    q_out = [run_op(q, rows, cache, slots, positions, h, bs, Fp8Format.OCP, device)
+             for rows, cache in ((strided, caches[0]), (kv, caches[1]))]
+    assert_bits_equal(q_out[0].cpu(), q_out[1].cpu())
+    assert_bytes_equal(caches[0].cpu(), caches[1].cpu())
+    plain = [torch.zeros(1, bs, 512, dtype=torch.bfloat16, device=device) for _ in range(2)]
+    for rows, cache in ((strided, plain[0]), (kv.to(device), plain[1])):
+        torch.ops.dsv4.qnorm_rope_kv_insert_full_cache_bf16(q.clone().to(device), rows, cache, slots.to(device),
+                                                            positions.to(device), cos_sin_cache().to(device), EPS,
+                                                            bs, True)
+    assert_bits_equal(plain[0].cpu(), plain[1].cpu())
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("bs", [16, 64])
 @pytest.mark.parametrize("n", [1, 4, 17, 64, 2048])

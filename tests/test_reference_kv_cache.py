@@ -287,6 +287,10 @@ def test_global_topk_indices():
     idx, lens = kvc.compute_global_topk_indices_and_lens(torch.tensor([[9, 1, -1]]), torch.tensor([0]),
                                                          torch.tensor([[7, 2]]), 4, torch.tensor([True]))
     assert idx.tolist() == [[-1, 29, -1]] and lens.tolist() == [2]
+    # A table of no columns: no slot at all (lens still counts the valid local indices, as the spec defines it).
+    idx, lens = kvc.compute_global_topk_indices_and_lens(torch.tensor([[9, 1, -1]]), torch.tensor([0]),
+                                                         torch.zeros(1, 0, dtype=torch.int32), 4, torch.tensor([True]))
+    assert idx.tolist() == [[-1, -1, -1]] and lens.tolist() == [2]
 
 
 def test_cache_geometry_checks():

@@ -150,6 +150,12 @@ def quantize_and_insert_k_cache(k: torch.Tensor, k_cache: torch.Tensor, slot_map
     return write_kv_records(k[:tokens], k_cache, slot_mapping, block_size, fp8_format, quant_max)
 
 
+def _padded_table(block_table: torch.Tensor) -> torch.Tensor:
+    """The block table as int64 with one more column of -1 (no block), where columns past its width land
+    (an empty table included)."""
+    return torch.nn.functional.pad(block_table.long(), (0, 1), value=-1)
+
+
 def dequantize_and_gather_k_cache(out: torch.Tensor, k_cache: torch.Tensor, seq_lens: torch.Tensor,
                                   gather_lens: Optional[torch.Tensor], block_table: torch.Tensor,
                                   block_size: int, offset: int, fp8_format):
@@ -158,6 +164,7 @@ def dequantize_and_gather_k_cache(out: torch.Tensor, k_cache: torch.Tensor, seq_
     past the table's width are not read; their rows are written as zeros. Returns out."""
     _check_cache(k_cache, block_size)
     flat = k_cache.as_strided((k_cache.shape[0] * k_cache.stride(0),), (1,))
+    table = _padded_table(block_table)
     for b in range(seq_lens.shape[0]):
         seq_len = int(seq_lens[b])
         g = int(gather_lens[b]) if gather_lens is not None else seq_len
@@ -165,10 +172,7 @@ def dequantize_and_gather_k_cache(out: torch.Tensor, k_cache: torch.Tensor, seq_
         if g == 0:
             continue
         logical = torch.arange(seq_len - g, seq_len, device=out.device)
-        table_col = logical // block_size
-        in_table = table_col < block_table.shape[1]
-        block = torch.where(in_table, block_table[b, table_col.clamp(max=block_table.shape[1] - 1)].long(),
-                            torch.full_like(table_col, -1))
+        block = table[b, (logical // block_size).clamp(max=block_table.shape[1])]  # past the width: the -1 column
         readable = (block >= 0) & (block < k_cache.shape[0])
         slots = torch.where(readable, block * block_size + logical % block_size, torch.zeros_like(block))
         data_at, scale_at = _record_addresses(slots, block_size, k_cache.stride(0))
@@ -295,7 +299,7 @@ def compute_global_topk_indices_and_lens(topk_indices: torch.Tensor, token_to_re
     req = token_to_req_indices.long()[:, None].expand_as(local)
     col = local.clamp(min=0) // block_size
     in_table = (local >= 0) & (col < block_table.shape[1])
-    block = block_table.long()[req, col.clamp(max=block_table.shape[1] - 1)]
+    block = _padded_table(block_table)[req, col.clamp(max=block_table.shape[1])]
     slots = block * block_size + local.clamp(min=0) % block_size
     global_idx = torch.where(in_table, slots, torch.full_like(slots, -1)).to(topk_indices.dtype)
     lens = torch.where(is_valid_token, (local >= 0).sum(dim=1), torch.zeros_like(local[:, 0])).to(torch.int32)
