@@ -56,6 +56,31 @@ def assert_logits_match(got, want, window=None, max_relative=1e-4, bound=None):
         assert float(((x - y).abs() / y.abs().max().clamp(min=1e-30)).max()) <= max_relative
 
 
+def assert_topk_overlap(got, want, k, bound=None, minimum=0.99):
+    """spec §3.7: top-k is what the model consumes, so per row the k best columns of the kernel's logits and of the
+    reference's overlap by at least `minimum`, ties excluded: columns whose reference logit lies within twice the
+    comparison's error (`bound`'s row maximum, else 1e-4 of the row's largest) of the k-th value may swap.
+    Returns the number of rows compared."""
+    checked = 0
+    for r in range(want.shape[0]):
+        finite = torch.isfinite(want[r])
+        count = min(k, int(finite.sum()))
+        if count == 0:
+            continue
+        low = torch.tensor(float("-inf"))
+        top_want = torch.topk(torch.where(finite, want[r], low), count).indices
+        top_got = torch.topk(torch.where(torch.isfinite(got[r]), got[r], low), count).indices
+        kth = want[r, top_want].min()
+        error = float(bound[r].max()) if bound is not None else 1e-4 * float(want[r, finite].abs().max())
+        ambiguous = set(((want[r] - kth).abs() <= 2 * error).nonzero().flatten().tolist())
+        sure_want, sure_got = set(top_want.tolist()) - ambiguous, set(top_got.tolist()) - ambiguous
+        if sure_want or sure_got:
+            overlap = len(sure_want & sure_got) / max(len(sure_want), len(sure_got))
+            assert overlap >= minimum, f"row {r}: top-{k} overlap {overlap:.4f} < {minimum}"
+            checked += 1
+    return checked
+
+
 def runs_on_fp8_tensor_cores(device, q, k):
     """Whether fp8_mqa_logits takes the sm_90a warpgroup-MMA kernel here (64 heads, dim 128, OCP q and k on a
     compute capability 9.0 GPU), whose dot products carry Hopper's FP8 summation."""
@@ -126,6 +151,7 @@ def test_mqa_logits_match_reference(q_dtype, k_dtype, m, n, heads, dim, clean, d
     bound = tensor_core_bound(device, q, k, k_scale, weights)
     if clean:
         assert_logits_match(got, want, bound=bound)
+        assert_topk_overlap(got, want, k=max(1, n // 4), bound=bound)
     else:
         columns = torch.arange(n)[None, :]
         window = (columns >= ks.long().clamp(0, n)[:, None]) & (columns < ke.long().clamp(0, n)[:, None])
@@ -369,6 +395,85 @@ def test_paged_default_reads_the_cache_as_ocp_with_fnuz_q():
     assert float((misread[:, :90] - got[:, :90]).abs().max()) > 0.1 * float(got[:, :90].abs().max())
 
 
+@pytest.mark.parametrize("device", DEVICES)
+def test_paged_logits_of_an_empty_cache_on_every_path(device, monkeypatch):
+    """A cache of no blocks: every position is -inf, through the kernel and the reference alike (the reference
+    raised on it)."""
+    dim = 32
+    q = fp8_tensor((2, 1, 4, dim), torch.float8_e4m3fn, seed=70)
+    cache = torch.zeros(0, 16 * (dim + 4), dtype=torch.uint8)
+    weights, lens = torch.ones(2, 4), torch.tensor([5, 9], dtype=torch.int32)
+    table = torch.zeros(2, 1, dtype=torch.int32)
+    want = torch.full((2, 32), float("-inf"))
+    args = (q, cache, weights, lens, table)
+    assert torch.equal(reference.fp8_paged_mqa_logits(*args, 32), want)
+    got = dsv4ops.fp8_paged_mqa_logits(*(t.to(device) for t in args), 32)
+    assert torch.equal(got.cpu(), want)
+    monkeypatch.setenv("DSV4OPS_DISABLE", "fp8_paged_mqa_logits")
+    assert torch.equal(dsv4ops.fp8_paged_mqa_logits(*(t.to(device) for t in args), 32).cpu(), want)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_uint8_scales_at_any_byte_offset(device, monkeypatch):
+    """spec §3.2, §3.8: a [N, 4] uint8 view of fp32 scales; one that starts off a 4-byte boundary (a slice of a
+    byte buffer) reads the same through the kernel and the reference."""
+    m, n, heads, dim = 3, 20, 4, 32
+    q = fp8_tensor((m, heads, dim), torch.float8_e4m3fn, seed=71)
+    k = fp8_tensor((n, dim), torch.float8_e4m3fn, seed=72)
+    scales = torch.pow(2.0, torch.randint(-3, 3, (n,), generator=torch.Generator().manual_seed(73)).float())
+    buffer = torch.zeros(n * 4 + 1, dtype=torch.uint8)
+    buffer[1:] = scales.view(torch.uint8)
+    odd = buffer[1:].view(n, 4)
+    assert odd.storage_offset() % 4 == 1
+    weights = torch.randn(m, heads, generator=torch.Generator().manual_seed(74))
+    ks, ke = torch.zeros(m, dtype=torch.int32), torch.full((m,), n, dtype=torch.int32)
+    want = reference.fp8_mqa_logits(q, k, scales, weights, ks, ke)
+    assert torch.equal(reference.fp8_mqa_logits(q, k, odd, weights, ks, ke), want)
+    args = [t.to(device) for t in (q, k, odd, weights, ks, ke)]
+    assert args[2].storage_offset() % 4 == 1
+    assert_logits_match(dsv4ops.fp8_mqa_logits(*args).cpu(), want, bound=tensor_core_bound(device, q, k, scales,
+                                                                                            weights))
+    monkeypatch.setenv("DSV4OPS_DISABLE", "fp8_mqa_logits")
+    assert torch.equal(dsv4ops.fp8_mqa_logits(*(t.to(device) for t in (q, k, odd, weights, ks, ke))).cpu(), want)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_topk_of_column_strided_logits(device, monkeypatch):
+    """spec §5: logits [M, N] at any strides, a column-strided view (a transpose) included."""
+    use_kernel(device, monkeypatch)
+    logits = torch.randn(300, 6, generator=torch.Generator().manual_seed(75)).t()  # [6, 300], column stride 6
+    assert logits.stride(1) != 1
+    ks, ke = torch.tensor([0, 5, 10, 0, 299, 3], dtype=torch.int32), torch.tensor([300] * 6, dtype=torch.int32)
+    for stable in (False, True):
+        got = dsv4ops.topk_per_row_prefill(logits.to(device), ks.to(device), ke.to(device), 16, stable=stable).cpu()
+        if stable:
+            assert torch.equal(got, reference.topk_per_row_prefill(logits, ks, ke, 16, True))
+        assert_topk_sets_match(got, reference.topk_per_row_prefill(logits, ks, ke, 16, stable), logits, ks.long())
+        got = dsv4ops.topk_per_row_decode(logits.to(device), ke.to(device), 16, stable=stable).cpu()
+        assert_topk_sets_match(got, reference.topk_per_row_decode(logits, ke, 16, stable), logits,
+                               torch.zeros(6, dtype=torch.long))
+
+
+def test_triton_paged_fallback_refuses_unaligned_block_scales(monkeypatch):
+    """The Triton kernel reads a block's fp32 scales 4-byte aligned: a block of block_size x D FP8 bytes that is
+    not a multiple of 4 is not its to serve (the wrapper sends such a call to the reference, with the reason)."""
+    from dsv4ops import indexer_triton
+
+    q = fp8_tensor((1, 1, 4, 6), torch.float8_e4m3fn, seed=76)  # D = 6
+    odd = torch.zeros(2, 3 * (6 + 4), dtype=torch.uint8)  # block_size 3: 18 FP8 bytes before the scales
+    even = torch.zeros(2, 4 * (6 + 4), dtype=torch.uint8)  # block_size 4: 24
+    assert "not a multiple of 4" in indexer_triton.paged_cache_unsupported(q, odd)
+    assert indexer_triton.paged_cache_unsupported(q, even) is None
+    args = (q, odd, torch.ones(1, 4), torch.tensor([3], dtype=torch.int32), torch.zeros(1, 1, dtype=torch.int32), 8)
+    with pytest.raises(ValueError, match="not a multiple of 4"):
+        indexer_triton.fp8_paged_mqa_logits(*args)
+    # where the wrapper would take Triton (a GPU without a kernel), this cache goes to the reference, reason logged
+    monkeypatch.setattr(dsv4ops.indexer, "logits_path", lambda op, device: (dsv4ops.indexer.TRITON, "no kernel"))
+    assert torch.equal(dsv4ops.fp8_paged_mqa_logits(*args), reference.fp8_paged_mqa_logits(*args))
+    (reason,) = [why for (op, why) in dsv4ops.fallback_counts() if op == "fp8_paged_mqa_logits"]
+    assert reason.startswith("no kernel; the Triton kernel reads a block's fp32 scales 4-byte aligned")
+
+
 def test_strided_k_rows_are_refused():
     q = fp8_tensor((2, 4, 32), torch.float8_e4m3fn, seed=43)
     big = fp8_tensor((1, 64), torch.float8_e4m3fn, seed=44)
@@ -446,6 +551,7 @@ def test_gpu_mqa_logits_match_cpu_and_reference(q_dtype, k_dtype, heads, dim):
     bound = tensor_core_bound("cuda", q, k, k_scale, weights)
     assert_logits_match(got, want, bound=bound)
     assert_logits_match(got, cpu, bound=None if bound is None else 2 * bound)  # both differ from the exact sums
+    assert assert_topk_overlap(got, want, k=256, bound=bound) > m // 2
     # clean_logits=False leaves the columns outside the window untouched
     out = torch.ops.dsv4.fp8_mqa_logits(*(t.cuda() for t in args), False).cpu()
     columns = torch.arange(n)[None, :]
@@ -512,6 +618,7 @@ def test_gpu_paged_logits_match_cpu_and_reference(next_n, block_size, q_dtype, k
     bound = paged_tensor_core_bound("cuda", q, cache, weights, lens, table, max_len, block_size, kv_dtype)
     assert_logits_match(got, want, bound=bound)
     assert_logits_match(got, cpu, bound=None if bound is None else 2 * bound)
+    assert assert_topk_overlap(got, want, k=128, bound=bound) > 0
     if next_n > 1:  # per-row lengths [B, next_n]
         per_row = (lens[:, None] - torch.arange(next_n, dtype=torch.int32)[None, :] * 7).contiguous()
         args = (q, cache, weights, per_row, table)

@@ -317,16 +317,18 @@ def test_dispatch_cpu_keeps_the_kernel(op):
 def test_wrapper_routes_to_triton(monkeypatch):
     """The public wrappers hand every argument to the Triton functions when that path is chosen."""
     calls = []
-    monkeypatch.setattr(indexer, "_choose_logits_path", lambda op, device: indexer.TRITON)
+    monkeypatch.setattr(indexer, "_choose_logits_path", lambda op, device, triton_unsupported=None: indexer.TRITON)
     monkeypatch.setattr(indexer_triton, "fp8_mqa_logits", lambda *a: calls.append(("prefill", a)) or "prefill")
     monkeypatch.setattr(indexer_triton, "fp8_paged_mqa_logits", lambda *a: calls.append(("paged", a)) or "paged")
     q = fp8_tensor((2, 4, 32), torch.float8_e4m3fnuz, seed=1)
-    assert dsv4ops.fp8_mqa_logits(q, "k", "s", "w", "ks", "ke", False) == "prefill"
-    assert calls[-1] == ("prefill", (q, "k", "s", "w", "ks", "ke", False))
+    s = torch.ones(3)
+    assert dsv4ops.fp8_mqa_logits(q, "k", s, "w", "ks", "ke", False) == "prefill"
+    assert calls[-1] == ("prefill", (q, "k", s, "w", "ks", "ke", False))
     q4 = q.reshape(1, 2, 4, 32)
-    assert dsv4ops.fp8_paged_mqa_logits(q4, "c", "w", "l", "t", 7, True, kv_format="fnuz") == "paged"
-    assert calls[-1] == ("paged", (q4, "c", "w", "l", "t", 7, True, torch.float8_e4m3fnuz))
-    assert dsv4ops.fp8_paged_mqa_logits(q4, "c", "w", "l", "t", 7)
+    c = torch.zeros(1, 16 * 36, dtype=torch.uint8)
+    assert dsv4ops.fp8_paged_mqa_logits(q4, c, "w", "l", "t", 7, True, kv_format="fnuz") == "paged"
+    assert calls[-1] == ("paged", (q4, c, "w", "l", "t", 7, True, torch.float8_e4m3fnuz))
+    assert dsv4ops.fp8_paged_mqa_logits(q4, c, "w", "l", "t", 7)
     assert calls[-1][1][-1] == torch.float8_e4m3fn  # the cache defaults to OCP, as for the kernel
 
 

@@ -45,8 +45,12 @@ def logits_path(op: str, device) -> tuple:
     return TRITON, decision.reason
 
 
-def _choose_logits_path(op: str, device) -> str:
+def _choose_logits_path(op: str, device, triton_unsupported: Optional[str] = None) -> str:
+    """The path, counted and logged where it is a fallback; triton_unsupported: why the Triton kernel cannot
+    serve this call (None: it can), which sends a Triton call to the reference."""
     path, reason = logits_path(op, device)
+    if path == TRITON and triton_unsupported is not None:
+        path, reason = REFERENCE, f"{reason}; {triton_unsupported}"
     if path != KERNEL:
         served_by = "Triton fallback" if path == TRITON else dispatch.REFERENCE
         dispatch.record_fallback(op, platform.device_arch(device), reason, served_by)
@@ -59,6 +63,8 @@ def fp8_mqa_logits(q: torch.Tensor, k: torch.Tensor, k_scale: torch.Tensor, weig
     to [0, N)); -inf elsewhere when clean_logits, else those columns are left unwritten. q [M, H, D] and
     k [N, D] FP8, k_scale [N] fp32 (or [N, 4] uint8), weights [M, H] fp32, ks/ke int32 [M]."""
     path = _choose_logits_path("fp8_mqa_logits", q.device)
+    if k_scale.dtype == torch.uint8 and k_scale.storage_offset() % 4:  # bytes off a 4-byte boundary: realigned
+        k_scale = reference.uint8_scales_as_fp32(k_scale)
     if path == KERNEL:
         return torch.ops.dsv4.fp8_mqa_logits(q, k, k_scale, weights, cu_seqlen_ks, cu_seqlen_ke, bool(clean_logits))
     if path == TRITON:
@@ -76,7 +82,7 @@ def fp8_paged_mqa_logits(q: torch.Tensor, kv_cache: torch.Tensor, weights: torch
     kv_format is the cache's encoding: OCP by default, as the indexer-K writer emits on every platform (on
     gfx942 Q is FNUZ and K OCP, spec §2)."""
     fmt = Fp8Format.parse(kv_format if kv_format is not None else "ocp")
-    path = _choose_logits_path("fp8_paged_mqa_logits", q.device)
+    path = _choose_logits_path("fp8_paged_mqa_logits", q.device, indexer_triton.paged_cache_unsupported(q, kv_cache))
     if path == KERNEL:
         return torch.ops.dsv4.fp8_paged_mqa_logits(q, kv_cache, weights, context_lens, block_tables, int(max_model_len),
                                                    bool(clean_logits), int(fmt))

@@ -28,6 +28,7 @@ from typing import Optional
 import torch
 
 from . import platform
+from .reference.indexer import uint8_scales_as_fp32
 
 # Operand modes (the kernel's Q_MODE / K_MODE constexprs).
 MODE_OCP = 0  # bitcast to tl.float8e4nv
@@ -239,7 +240,7 @@ def _k_scale(k_scale: torch.Tensor, n: int) -> torch.Tensor:
         if k_scale.dim() != 2 or tuple(k_scale.shape) != (n, 4):
             raise ValueError(f"fp8_mqa_logits: a uint8 k_scale must be [N, 4] (one fp32 per row), got "
                              f"{tuple(k_scale.shape)}")
-        return k_scale.contiguous().view(torch.float32).reshape(-1)
+        return uint8_scales_as_fp32(k_scale)
     if k_scale.dtype != torch.float32 or k_scale.numel() != n:
         raise ValueError(f"fp8_mqa_logits: k_scale must be [N] or [N, 1] fp32 (N = {n}), got "
                          f"{tuple(k_scale.shape)} {k_scale.dtype}")
@@ -276,6 +277,18 @@ def fp8_mqa_logits(q: torch.Tensor, k: torch.Tensor, k_scale: torch.Tensor, weig
                      multiplier, Q_MODE=q_mode, K_MODE=k_mode, CLEAN=bool(clean_logits), BLOCK_H=block_h,
                      BLOCK_D=block_d, BLOCK_N=BLOCK_N, ROWS=ROWS_PER_PROGRAM, num_warps=NUM_WARPS)
     return logits
+
+
+def paged_cache_unsupported(q: torch.Tensor, kv_cache: torch.Tensor) -> Optional[str]:
+    """Why the Triton kernel cannot read this cache (None: it can): it loads each block's fp32 scales, which
+    follow block_size x D FP8 bytes, 4 bytes at a time, so block_size x D must be a multiple of 4."""
+    if q.dim() != 4 or kv_cache.dim() < 2 or kv_cache.shape[0] == 0:
+        return None
+    dim, block_bytes = q.shape[-1], kv_cache[0].numel()
+    if block_bytes % (dim + 4) == 0 and (block_bytes // (dim + 4) * dim) % 4:
+        return (f"the Triton kernel reads a block's fp32 scales 4-byte aligned, and block_size x D = "
+                f"{block_bytes // (dim + 4)} x {dim} is not a multiple of 4")
+    return None
 
 
 def fp8_paged_mqa_logits(q: torch.Tensor, kv_cache: torch.Tensor, weights: torch.Tensor, context_lens: torch.Tensor,
@@ -316,7 +329,9 @@ def fp8_paged_mqa_logits(q: torch.Tensor, kv_cache: torch.Tensor, weights: torch
         return logits
     cache = kv_cache.reshape(num_blocks, block_bytes) if num_blocks else torch.zeros(1, block_bytes, dtype=torch.uint8,
                                                                                    device=q.device)
-    if cache.stride(1) != 1 or cache.stride(0) % 4 or (block_size * dim) % 4 or cache.data_ptr() % 4:
+    if paged_cache_unsupported(q, kv_cache) is not None:
+        raise ValueError(f"fp8_paged_mqa_logits: {paged_cache_unsupported(q, kv_cache)}")
+    if cache.stride(1) != 1 or cache.stride(0) % 4 or cache.data_ptr() % 4:
         cache = cache.contiguous()  # the fp32 scales are read 4-byte aligned
     table = block_tables if block_tables.shape[1] <= 1 or block_tables.stride(1) == 1 else block_tables.contiguous()
     table_arg = table if table.numel() else torch.full((batch, 1), -1, dtype=torch.int32, device=q.device)

@@ -143,10 +143,16 @@ Tensor fp8_paged_mqa_logits(const Tensor& q, const Tensor& kv_cache, const Tenso
   return logits;
 }
 
+// The top-k kernels read rows at any row stride but their columns contiguous (spec §5 allows any strides): logits
+// whose columns are strided are copied first (the caller keeps the copy alive).
+Tensor row_major(const Tensor& logits) {
+  return logits.dim() != 2 || logits.size(1) <= 1 || logits.stride(1) == 1 ? logits : torch::stable::contiguous(logits);
+}
+
+// logits: row_major's result.
 TopkPerRowArgs checked_topk(const Tensor& logits, int64_t k, const Tensor& out, const char* op) {
   check_dtype(logits, op, "logits", {ScalarType::Float});
-  STD_TORCH_CHECK(logits.dim() == 2 && (logits.size(1) <= 1 || logits.stride(1) == 1), op,
-                  ": logits must be [rows, cols] with contiguous rows, got ", shape_string(logits));
+  STD_TORCH_CHECK(logits.dim() == 2, op, ": logits must be [rows, cols], got ", shape_string(logits));
   STD_TORCH_CHECK(k >= 1, op, ": k must be >= 1, got ", k);
   check_dtype(out, op, "out", {ScalarType::Int});
   STD_TORCH_CHECK(out.dim() == 2 && out.size(0) == logits.size(0) && out.size(1) == k, op, ": out must be [",
@@ -175,8 +181,10 @@ void run_topk(const TopkPerRowArgs& args, const Tensor& logits, const char* op) 
       /*cpu_grain=*/1);
 }
 
-void topk_per_row_prefill(const Tensor& logits, const Tensor& ks, const Tensor& ke, int64_t k, bool stable, Tensor out) {
+void topk_per_row_prefill(const Tensor& any_logits, const Tensor& ks, const Tensor& ke, int64_t k, bool stable,
+                          Tensor out) {
   constexpr const char* kOp = "dsv4.topk_per_row_prefill";
+  const Tensor logits = row_major(any_logits);
   TopkPerRowArgs args = checked_topk(logits, k, out, kOp);
   check_int32_vector(ks, logits.size(0), kOp, "ks");
   check_int32_vector(ke, logits.size(0), kOp, "ke");
@@ -188,8 +196,9 @@ void topk_per_row_prefill(const Tensor& logits, const Tensor& ks, const Tensor& 
   run_topk(args, logits, kOp);
 }
 
-void topk_per_row_decode(const Tensor& logits, const Tensor& lens, int64_t k, bool stable, Tensor out) {
+void topk_per_row_decode(const Tensor& any_logits, const Tensor& lens, int64_t k, bool stable, Tensor out) {
   constexpr const char* kOp = "dsv4.topk_per_row_decode";
+  const Tensor logits = row_major(any_logits);
   TopkPerRowArgs args = checked_topk(logits, k, out, kOp);
   check_int32_vector(lens, logits.size(0), kOp, "lens");
   check_same_device(logits, "logits", lens, "lens", kOp);

@@ -37,9 +37,18 @@ def _fp8_values(x: torch.Tensor) -> torch.Tensor:
     return torch.where(codes == 0x80, torch.zeros_like(values), values)
 
 
+def uint8_scales_as_fp32(k_scale: torch.Tensor) -> torch.Tensor:
+    """[N, 4] uint8 bytes of one fp32 each -> fp32 [N]; a view that does not start on a 4-byte boundary (a
+    slice of a byte buffer) is copied to one that does, which reinterpreting the bytes needs."""
+    rows = k_scale.contiguous()
+    if rows.storage_offset() % 4:
+        rows = rows.clone()
+    return rows.view(torch.float32).reshape(-1)
+
+
 def _k_scale(k_scale: torch.Tensor) -> torch.Tensor:
     if k_scale.dtype == torch.uint8:  # [N, 4] bytes of one fp32 each
-        return k_scale.contiguous().view(torch.float32).reshape(-1)
+        return uint8_scales_as_fp32(k_scale)
     return k_scale.reshape(-1).to(torch.float32)
 
 
@@ -83,7 +92,7 @@ def fp8_paged_mqa_logits(q: torch.Tensor, kv_cache: torch.Tensor, weights: torch
         raise ValueError(f"fp8_paged_mqa_logits: a block of {block_bytes} bytes is not a whole number of {dim + 4}-byte "
                          f"entries")
     block_size = block_bytes // (dim + 4) if num_blocks else 1
-    flat = kv_cache.reshape(num_blocks, -1)
+    flat = kv_cache.reshape(num_blocks, block_bytes)  # (-1 is ambiguous for an empty cache)
     rows = batch * next_n
     out = torch.full((rows, max_model_len), float("-inf"), device=q.device)
     lens = paged_row_lengths(context_lens, batch, next_n, max_model_len)
