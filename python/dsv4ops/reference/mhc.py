@@ -1,5 +1,7 @@
 """Reference DSv4 manifold-constrained hyper-connections (spec/mhc.md): pre, post, fused post+pre and the
-head. Pure PyTorch in fp32, the test oracle the kernels are compared with and the fallback.
+head. Pure PyTorch in fp32, the test oracle the kernels are compared with and the fallback. Its x . fn^T is a
+torch matmul and so follows torch's fp32 matmul precision (spec §8: on a GPU whose caller allowed TF32, a
+TF32 product; the tests run the oracle on the CPU, and the kernels never use TF32).
 
 The residual is kept as HC_MULT = 4 streams [T, 4, hidden] bf16. Each sub-layer has fn [24, 4*hidden],
 base [24] and scale [3] (fp32); the head has fn [4, 4*hidden], base [4], scale [1]. The reference also
