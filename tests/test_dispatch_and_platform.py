@@ -101,6 +101,10 @@ def test_force_unbuilt_arch_raises_with_rebuild_command(simulate_arch, monkeypat
     message = str(error.value)
     assert "gfx942" in message and "sm_90a" in message
     assert "DSV4OPS_BACKEND=rocm DSV4OPS_GPU_ARCHS=gfx942 pip install --no-build-isolation ." in message
+    # explain (and the info CLI, which calls it for every op) reports the decision instead of raising
+    decision = dsv4ops.explain("fp8_encode")
+    assert not decision.uses_kernel and "no kernel built for gfx942" in decision.reason
+    assert decision.trail[-1].startswith("-> a call raises (forced by DSV4OPS_FORCE)")
 
 
 def test_force_beats_disable_and_unsupported_raises(monkeypatch):

@@ -18,6 +18,9 @@ SHAPES = [
     pytest.param((17, 1024), (1, 128), id="per-token-group-1x128"),
     pytest.param((64, 33), (128, 1), id="odd-cols-128x1"),
     pytest.param((5, 7), (2, 3), id="tiny-5x7-b2x3"),
+    # 16-byte rows (the GPU's vector kernel) with several scales a vector, and with a ragged last column block
+    pytest.param((64, 48), (16, 8), id="vector-several-scales-64x48-b16x8"),
+    pytest.param((128, 384), (128, 256), id="vector-ragged-cols-128x384-b128x256"),
 ]
 
 
@@ -110,6 +113,9 @@ S = torch.zeros(2, 2, dtype=torch.uint8)
          r"scale must have shape \[..., ceil\(rows/block_rows\), ceil\(cols/block_cols\)\] = \[..., 2, 2\].*got \[2, 3\]"),
         ((X.view(2, 128, 256), torch.zeros(3, 1, 2, dtype=torch.uint8), 128, 128, 0, torch.bfloat16),
          r"scale dim 0 must equal x dim 0 \(2\)"),
+        # a block near 2^63 rows: one scale row (ceil without overflow), not zero (which read past the scale)
+        ((X, torch.zeros(0, 2, dtype=torch.uint8), 2**63 - 1, 128, 0, torch.bfloat16),
+         r"= \[..., 1, 2\] .*got \[0, 2\]"),
     ],
 )
 def test_invalid_inputs(args, match):

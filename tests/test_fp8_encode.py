@@ -101,6 +101,7 @@ def test_wrapper_defaults_follow_device_and_format():
         ((torch.zeros(4), 1, 448.0), r"quant_max must be in \(0, 240\]"),
         ((torch.zeros(4), 0, 0.0), r"quant_max must be in \(0, 448\]"),
         ((torch.zeros(4), 0, float("nan")), "quant_max"),
+        ((torch.zeros(4), 0, 1e-50), r"quant_max must be in \(0, 448\] for this encoding \(and positive in fp32\)"),
     ],
 )
 def test_invalid_inputs(args, match):
@@ -111,6 +112,8 @@ def test_invalid_inputs(args, match):
 def test_wrapper_rejects_bad_quant_max():
     with pytest.raises(ValueError, match="quant_max must be in"):
         dsv4ops.fp8_encode(torch.zeros(2), "fnuz", quant_max=448)
+    with pytest.raises(ValueError, match=r"positive in fp32"):  # a double that rounds to fp32 zero
+        dsv4ops.fp8_encode(torch.zeros(2), "ocp", quant_max=1e-50)
 
 
 @pytest.mark.parametrize("device", DEVICES)

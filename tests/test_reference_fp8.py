@@ -5,6 +5,7 @@ import math
 import pytest
 import torch
 
+import dsv4ops
 from dsv4ops import Fp8Format, reference
 
 from conftest import FORMATS, assert_bytes_equal
@@ -72,3 +73,22 @@ def test_reference_lossless_scale_conversion():
     byte, refusal = reference.float_to_ue8m0_lossless(s)
     assert byte.tolist() == [126, 127, 128, 129, 0, 254, 255, 255, 255, 255, 255]
     assert refusal.tolist() == [0, 0, 0, 0, 0, 0, 2, 2, 3, 1, 4]
+
+
+def test_reference_refuses_what_the_ops_refuse(monkeypatch):
+    """The reference is the fallback (DSV4OPS_DISABLE, devices without a kernel): a call the op refuses must be
+    refused there too, not read some other way (an fp16 scale's bytes as UE8M0, say)."""
+    x = torch.zeros(256, 256, dtype=torch.uint8)
+    with pytest.raises(ValueError, match="scale must have dtype uint8 or float8_e8m0fnu or float32, got torch.float16"):
+        reference.fp8_block_dequantize(x, torch.ones(2, 2, dtype=torch.float16), 128, 128, 0, torch.bfloat16)
+    with pytest.raises(ValueError, match=r"scale must have shape \[2, 2\]"):
+        reference.fp8_block_dequantize(x, torch.ones(3, 3), 128, 128, 0, torch.bfloat16)
+    with pytest.raises(ValueError, match="ue8m0_to_float: scale must have dtype uint8"):
+        reference.ue8m0_to_float(torch.ones(3, dtype=torch.float16))
+    with pytest.raises(ValueError, match="weight must have dtype float8_e4m3fn or uint8"):
+        reference.e4m3fn_to_fnuz(torch.zeros(4, dtype=torch.float8_e4m3fnuz), torch.ones(1))
+    monkeypatch.setenv("DSV4OPS_DISABLE", "all")  # the public wrappers on the reference path
+    with pytest.raises(ValueError, match=r"scale must have shape \[2, 2\]"):
+        dsv4ops.fp8_block_dequantize(x, torch.ones(3, 3), fp8_format="ocp")
+    with pytest.raises(ValueError, match="weight must have dtype float8_e4m3fn or uint8"):
+        dsv4ops.e4m3fn_to_fnuz(torch.zeros(4, dtype=torch.float8_e4m3fnuz), torch.ones(1))

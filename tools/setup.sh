@@ -2,11 +2,12 @@
 # Sets up a development environment for dsv4ops on a Debian/Ubuntu x86-64 machine and installs the
 # package (CPU backend unless DSV4OPS_BACKEND says otherwise) into ./.venv.
 #
-#   bash tools/setup.sh          # venv + torch (CPU wheel) + build tools + dsv4ops
+#   bash tools/setup.sh          # venv + torch + build tools + dsv4ops
 #   bash tools/setup.sh --dev    # also gtest and the AMDGPU/CUDA device-compile toolchain used by the tests
 #
-# Torch is pinned to the CPU wheel and installed before the package: the build never resolves torch itself
-# (build isolation would pull a multi-GB CUDA build).
+# Torch is pinned (DSV4OPS_TORCH_SPEC, default torch==2.13.0) and installed before the package: the build never
+# resolves torch itself (build isolation would pull a multi-GB CUDA build). pip takes the CPU build where its
+# configuration offers one (a local wheel, or PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cpu).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

@@ -65,14 +65,20 @@ def disabled(op: str) -> bool:
     return _named(op, _env_ops("DSV4OPS_DISABLE"))
 
 
-def decide(op: str, device, supported: Optional[Callable[[], Optional[str]]] = None) -> Decision:
-    """Decide the path for `op` on `device`; `supported()` returns None or the reason it cannot run."""
+def decide(op: str, device, supported: Optional[Callable[[], Optional[str]]] = None,
+           raise_if_forced: bool = True) -> Decision:
+    """Decide the path for `op` on `device`; `supported()` returns None or the reason it cannot run. An op that
+    DSV4OPS_FORCE demands and whose kernel cannot run raises, unless raise_if_forced is False (explain): then the
+    decision is the reference, its trail saying that a call would raise."""
     device = torch.device(device)
     arch = platform.device_arch(device)
     trail = []
     forced = _named(op, _env_ops("DSV4OPS_FORCE"))
 
     def fallback(reason: str) -> Decision:
+        if forced and not raise_if_forced:
+            trail.append(f"-> a call raises (forced by DSV4OPS_FORCE): {reason}")
+            return Decision(op, str(device), arch, REFERENCE, reason, tuple(trail))
         if forced:
             built = ", ".join(platform.BUILD_INFO["gpu_archs"]) or "none (CPU-only build)"
             raise RuntimeError(
@@ -142,8 +148,9 @@ def choose(op: str, device, supported: Optional[Callable[[], Optional[str]]] = N
 
 
 def explain(op: str, device="cpu") -> Decision:
-    """The decision (with its trail) for `op` on `device`, without running or logging anything."""
-    return decide(op, device)
+    """The decision (with its trail) for `op` on `device`, without running or logging anything (nor raising for
+    an op that DSV4OPS_FORCE demands: its trail says that a call would raise)."""
+    return decide(op, device, raise_if_forced=False)
 
 
 def fallback_counts() -> dict:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import enum
 import functools
+import struct
 
 import torch
 
@@ -111,8 +112,10 @@ def format_and_quant_max(device, fp8_format=None, quant_max=None, op: str = "dsv
     encoding's default (448 OCP, 224 FNUZ); refuses a bound outside (0, max finite]."""
     fmt = Fp8Format.parse(fp8_format) if fp8_format is not None else _device_fp8_format(device)
     qmax = float(quant_max) if quant_max is not None else fmt.default_quant_max
-    if not 0.0 < qmax <= fmt.max_finite:
-        raise ValueError(f"{op}: quant_max must be in (0, {fmt.max_finite}] for {fmt.name}, got {qmax}")
+    # The kernels take it as fp32: a positive value that rounds to fp32 zero is refused too.
+    if not (0.0 < qmax <= fmt.max_finite and struct.unpack("f", struct.pack("f", qmax))[0] > 0):
+        raise ValueError(f"{op}: quant_max must be in (0, {fmt.max_finite}] for {fmt.name} (and positive in fp32), "
+                         f"got {qmax}")
     return fmt, qmax
 
 

@@ -131,8 +131,10 @@ ScalarType fp8_dtype(Fp8Format format) {
 float checked_quant_max(double quant_max, Fp8Format format, const char* op) {
   const float max_finite = format == Fp8Format::kFNUZ ? Fp8Traits<Fp8Format::kFNUZ>::kMaxFinite
                                                       : Fp8Traits<Fp8Format::kOCP>::kMaxFinite;
-  STD_TORCH_CHECK(std::isfinite(quant_max) && quant_max > 0 && quant_max <= max_finite, op,
-                  ": quant_max must be in (0, ", max_finite, "] for this encoding, got ", quant_max);
+  // The kernels take it as fp32: a positive double that rounds to fp32 zero is refused too.
+  STD_TORCH_CHECK(std::isfinite(quant_max) && static_cast<float>(quant_max) > 0 && quant_max <= max_finite, op,
+                  ": quant_max must be in (0, ", max_finite, "] for this encoding (and positive in fp32), got ",
+                  quant_max);
   return static_cast<float>(quant_max);
 }
 

@@ -112,8 +112,10 @@ Tensor fp8_block_dequantize(const Tensor& x, const Tensor& scale, int64_t block_
                   " block_cols=", block_cols);
   geometry.block_rows = block_rows;
   geometry.block_cols = block_cols;
-  geometry.scale_rows = (geometry.rows + block_rows - 1) / block_rows;
-  geometry.scale_cols = (geometry.cols + block_cols - 1) / block_cols;
+  // ceil(n / block) without n + block - 1, which overflows for blocks near 2^63 (and would ask for no scales).
+  const auto blocks_of = [](int64_t n, int64_t block) { return n == 0 ? int64_t{0} : 1 + (n - 1) / block; };
+  geometry.scale_rows = blocks_of(geometry.rows, block_rows);
+  geometry.scale_cols = blocks_of(geometry.cols, block_cols);
   STD_TORCH_CHECK(scale.size(dims - 2) == geometry.scale_rows && scale.size(dims - 1) == geometry.scale_cols, kOp,
                   ": scale must have shape [..., ceil(rows/block_rows), ceil(cols/block_cols)] = [..., ",
                   geometry.scale_rows, ", ", geometry.scale_cols, "] for x shape ", shape_string(x), " and blocks ",

@@ -97,6 +97,8 @@ def fp8_encode(x: torch.Tensor, fp8_format, quant_max: float) -> torch.Tensor:
 
 def ue8m0_to_float(scale: torch.Tensor) -> torch.Tensor:
     """Byte u -> 2^(u-127) as float32; byte 0 is 2^-127 (subnormal), byte 255 is NaN."""
+    if scale.dtype not in (torch.uint8, getattr(torch, "float8_e8m0fnu", torch.uint8)):
+        raise ValueError(f"ue8m0_to_float: scale must have dtype uint8 or float8_e8m0fnu, got {scale.dtype}")
     u = _bytes(scale).long()
     value = _pow2(u - 127)
     value = torch.where(u == 255, torch.full_like(value, float("nan")), value)
@@ -136,8 +138,28 @@ def float_to_ue8m0_lossless(scale: torch.Tensor):
     return byte.to(torch.uint8), refusal
 
 
+def _check_block_dequantize(x, scale, block_rows: int, block_cols: int, out_dtype):
+    """The op's checks, so that a call the kernel refuses is refused here too, not read some other way."""
+    if x.dtype not in (torch.uint8, torch.float8_e4m3fn, torch.float8_e4m3fnuz):
+        raise ValueError(f"fp8_block_dequantize: x must have dtype uint8 or float8_e4m3fn or float8_e4m3fnuz, got "
+                         f"{x.dtype}")
+    if scale.dtype not in (torch.uint8, getattr(torch, "float8_e8m0fnu", torch.uint8), torch.float32):
+        raise ValueError(f"fp8_block_dequantize: scale must have dtype uint8 or float8_e8m0fnu or float32, got "
+                         f"{scale.dtype}")
+    if out_dtype not in (torch.bfloat16, torch.float32):
+        raise ValueError(f"fp8_block_dequantize: out_dtype must be bfloat16 or float32, got {out_dtype}")
+    if block_rows <= 0 or block_cols <= 0 or x.dim() < 2 or scale.dim() != x.dim():
+        raise ValueError(f"fp8_block_dequantize: needs positive blocks, x [..., rows, cols] and a scale of as many "
+                         f"dims; got blocks {block_rows}x{block_cols}, x {tuple(x.shape)}, scale {tuple(scale.shape)}")
+    want = tuple(x.shape[:-2]) + (-(-x.shape[-2] // block_rows), -(-x.shape[-1] // block_cols))
+    if tuple(scale.shape) != want:
+        raise ValueError(f"fp8_block_dequantize: scale must have shape {list(want)} for x {tuple(x.shape)} and blocks "
+                         f"{block_rows}x{block_cols}, got {tuple(scale.shape)}")
+
+
 def fp8_block_dequantize(x, scale, block_rows: int, block_cols: int, fp8_format, out_dtype):
     """x [..., R, C] FP8 bytes times scale [..., ceil(R/br), ceil(C/bc)] (UE8M0 bytes or fp32)."""
+    _check_block_dequantize(x, scale, block_rows, block_cols, out_dtype)
     values = fp8_decode(x, fp8_format)
     if scale.dtype == torch.float32:
         s = scale
@@ -151,6 +173,11 @@ def fp8_block_dequantize(x, scale, block_rows: int, block_cols: int, fp8_format,
 
 def e4m3fn_to_fnuz(weight: torch.Tensor, scale: torch.Tensor):
     """OCP weight bytes re-read as FNUZ (worth half; 0x80 -> 0x00, NaN -> 0x80) and the doubled scale."""
+    if weight.dtype not in (torch.uint8, torch.float8_e4m3fn):
+        raise ValueError(f"e4m3fn_to_fnuz: weight must have dtype float8_e4m3fn or uint8 (OCP bytes), got "
+                         f"{weight.dtype}")
+    if scale.dtype not in (torch.uint8, getattr(torch, "float8_e8m0fnu", torch.uint8), torch.float32):
+        raise ValueError(f"e4m3fn_to_fnuz: scale dtype must be uint8, float8_e8m0fnu or float32, got {scale.dtype}")
     w = _bytes(weight)
     w = torch.where(w == 0x80, torch.zeros_like(w), w)
     w = torch.where((_bytes(weight) & 0x7F) == 0x7F, torch.full_like(w, 0x80), w)
