@@ -3,7 +3,8 @@
     python bench/bench_kv_cache.py [--device cuda] [--out bench/results] [--no-compile]
 
 Bytes counted: for the fused family, Q read and written (bf16 or FP8 out), the KV row, positions, slots,
-the stored KV (record 584 B, bf16 row 1024 B or FP8 row 512 B) and the cos/sin row; for the plain insert, K rows read (1024
+the stored KV (record 584 B, bf16 row 1024 B or FP8 row 512 B), the cos/sin row and kv_norm_rope_quant_insert's bf16
+norm weight (1024 B a call; one a token in this count, as for the other rows); for the plain insert, K rows read (1024
 B/token) + slots, records written (584 B/token); for the gather, records read (584 B/token) + bf16
 rows written (1024 B/token). Peers in the same run: a device copy of the same number of bytes (the
 ceiling at that size, timed like our kernels), the PyTorch reference eager and under torch.compile
@@ -126,7 +127,7 @@ def _fused_variants(device, fmt, qmax, cos_sin):
             lambda q, kv, c, s, p, o: reference.qnorm_rope_kv_insert_full_cache_fp8(
                 q, kv, o, c, s, p, cos_sin, one, one, EPS, BLOCK_SIZE, True, fmt, qmax)),
         "kv_norm_rope_quant_insert": (
-            lambda h: 1024 + 16 + 584 + 256, kv_norm_make,
+            lambda h: 1024 + 1024 + 16 + 584 + 256, kv_norm_make,  # kv, its norm weight, slot + position, ...
             lambda kv, w, c, s, p: torch.ops.dsv4.kv_norm_rope_quant_insert(kv, w, c, s, p, cos_sin, EPS, BLOCK_SIZE,
                                                                            int(fmt), qmax),
             lambda kv, w, c, s, p: reference.kv_norm_rope_quant_insert(kv, w, c, s, p, cos_sin, EPS, BLOCK_SIZE, fmt,

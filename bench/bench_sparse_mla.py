@@ -1,4 +1,4 @@
-"""Benchmark of sparse MLA decode at DSv4 shapes (spec/sparse_mla_decode.md §5; issue targets in README).
+"""Benchmark of sparse MLA decode at DSv4 shapes (spec/sparse_mla_decode.md §5; the targets below).
 
     python bench/bench_sparse_mla.py [--device cuda] [--out bench/results] [--no-compile]
 
@@ -90,7 +90,7 @@ def bench_decode(device, ceiling_gbps, compile_peers):
             compressed = topk * 4 if topk else extent // ratio
             for t in TOKENS:
                 keys = WINDOW + (topk if topk else compressed)
-                nbytes = t * (584 * keys + 2 * 2 * heads * 512)
+                nbytes = t * ((584 + 4) * keys + 2 * 2 * heads * 512)  # records and int32 indices; q and out
                 flops = t * 4 * heads * 512 * keys
                 roofline = max(nbytes / (ceiling_gbps * 1e9), flops / matrix_rate)
                 sets = input_sets(lambda: _decode_inputs(device, t, heads, compressed, topk), nbytes, device)

@@ -214,10 +214,11 @@ def bench_forward(device, ceiling, compile_peers):
             sets = [(o, p, plans[i % len(plans)])
                     for i, (o, p) in enumerate(_attention_output_sets(t, heads, nbytes, device))]
             forward = lambda o, p, plan: dsv4ops.wo_a_forward(o, p, plan, apply_inverse_rope=True)  # noqa: E731
-            chosen = wo_a.gemm_path(t, g, device.type)
+            table_key = wo_a.path_table_key(device)  # "rocm" on an AMD GPU, whose torch device type is "cuda" too
+            chosen = wo_a.gemm_path(t, g, table_key)
             times = time_ours(forward, sets, device)
-            saved = wo_a.WO_A_GEMM_PATHS.get(device.type)
-            wo_a.WO_A_GEMM_PATHS[device.type] = {1: ((None, "bf16"),)}
+            saved = wo_a.WO_A_GEMM_PATHS.get(table_key)
+            wo_a.WO_A_GEMM_PATHS[table_key] = {1: ((None, "bf16"),)}
             try:
                 if device.type == "cuda":
                     times[BF16_PATH] = time_graph_replay(forward, sets, device, time_per_call(forward, sets, device))
@@ -225,9 +226,9 @@ def bench_forward(device, ceiling, compile_peers):
                     times[BF16_PATH] = time_per_call(forward, sets, device)
             finally:
                 if saved is None:
-                    del wo_a.WO_A_GEMM_PATHS[device.type]
+                    del wo_a.WO_A_GEMM_PATHS[table_key]
                 else:
-                    wo_a.WO_A_GEMM_PATHS[device.type] = saved
+                    wo_a.WO_A_GEMM_PATHS[table_key] = saved
             rows += make_rows("wo_a_forward", f"H={heads} G={g} T={t} (table path: {chosen})", nbytes, times, OURS,
                               ceiling)
             del sets
