@@ -118,3 +118,27 @@ def test_wrappers_pick_kernel_on_gpu():
     decision = dsv4ops.explain("fp8_block_dequantize", "cuda")
     assert decision.uses_kernel, decision.trail
     assert dsv4ops.fp8_format("cuda") is Fp8Format.OCP  # NVIDIA
+
+
+@pytest.mark.gpu
+def test_calls_past_one_gpu_grid_are_refused_with_a_message():
+    """Row counts whose grid would exceed 2^32 - 1 threads along x (ROCm's limit), from stride-0 views that take no
+    memory: each op refuses them before launching (the CPU kernels have no such bound)."""
+    dev = "cuda"
+    tokens = 2**24  # one past the mHC / sparse MLA bound
+    residual = torch.zeros(1, 4, 64, dtype=torch.bfloat16, device=dev).expand(tokens, 4, 64)
+    fn, scale, base = torch.zeros(24, 256, device=dev), torch.zeros(3, device=dev), torch.zeros(24, device=dev)
+    with pytest.raises(RuntimeError, match="at most 16777215 tokens on a GPU"):
+        torch.ops.dsv4.mhc_pre(residual, fn, scale, base, 1e-6, 1e-6, 1e-6, 2.0, 20, None, 1e-6)
+    rows = 2**23  # one past the top-k bound (512 threads a row)
+    logits = torch.zeros(1, 8, device=dev).expand(rows, 8)
+    lens = torch.zeros(1, dtype=torch.int32, device=dev).expand(rows)
+    out = torch.empty(rows, 1, dtype=torch.int32, device=dev)
+    with pytest.raises(RuntimeError, match="at most 8388607 rows on a GPU"):
+        torch.ops.dsv4.topk_per_row_decode(logits, lens, 1, False, out=out)
+    w = torch.zeros(65536, 128, 128, dtype=torch.float8_e4m3fn, device=dev)  # 1 GiB: G past grid z
+    x = torch.zeros(1, 1, 128, dtype=torch.float8_e4m3fn, device=dev).expand(1, 65536, 128)
+    xs = torch.zeros(1, 1, 1, dtype=torch.uint8, device=dev).expand(1, 65536, 1)
+    ws = torch.zeros(65536, 1, 1, dtype=torch.uint8, device=dev)
+    with pytest.raises(RuntimeError, match="at most 65535 groups"):
+        torch.ops.dsv4.bmm_a8w8_mxscale(x, w, xs, ws, torch.bfloat16)

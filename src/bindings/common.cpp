@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <iterator>
+#include <limits>
 #include <sstream>
 #include <utility>
 #include <vector>
@@ -136,6 +137,15 @@ float checked_quant_max(double quant_max, Fp8Format format, const char* op) {
                   ": quant_max must be in (0, ", max_finite, "] for this encoding (and positive in fp32), got ",
                   quant_max);
   return static_cast<float>(quant_max);
+}
+
+void check_gpu_grid_rows(const Tensor& on, int64_t rows, int64_t rows_per_block, int64_t threads, const char* op,
+                         const char* what) {
+  if (on.is_cpu()) return;
+  const int64_t max_blocks = std::min<int64_t>(std::numeric_limits<uint32_t>::max() / threads,
+                                               std::numeric_limits<int32_t>::max());
+  const int64_t max_rows = max_blocks * rows_per_block;
+  STD_TORCH_CHECK(rows <= max_rows, op, ": at most ", max_rows, " ", what, " on a GPU (one grid), got ", rows);
 }
 
 void check_launch(LaunchStatus status, const char* op) {

@@ -65,6 +65,12 @@ inline constexpr int64_t kCpuGrain = 1 << 15;
 
 void check_launch(LaunchStatus status, const char* op);
 
+// The rows a GPU kernel whose grid runs one block of `threads` threads per `rows_per_block` rows along x
+// serves: ROCm refuses a launch of more than 2^32 - 1 threads along x (CUDA, more than 2^31 - 1 blocks), so
+// larger calls are refused here with a message, not left to a failed or wrapped launch. A CPU tensor passes.
+void check_gpu_grid_rows(const Tensor& on, int64_t rows, int64_t rows_per_block, int64_t threads, const char* op,
+                         const char* what);
+
 // Runs cpu(begin, end) over [0, n) on the CPU threads, or gpu(stream) on the current stream of the
 // device that `on` lives on. Nothing runs when n == 0.
 // cpu_grain: the fewest items per CPU task (items may be rows rather than elements).

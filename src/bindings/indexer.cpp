@@ -57,6 +57,7 @@ Tensor fp8_mqa_logits(const Tensor& q, const Tensor& k, const Tensor& k_scale, c
   for (const Tensor* t : {&k, &k_scale, &weights, &ks, &ke}) check_same_device(q, "q", *t, "every other tensor", kOp);
   STD_TORCH_CHECK(q.is_cpu() || is_aligned(k_scale.data_ptr(), 4), kOp,
                   ": k_scale must start 4-byte aligned on a GPU (it is read as fp32)");
+  check_gpu_grid_rows(q, m, 2, 128, kOp, "query rows");  // the matrix kernels: two rows a 128-thread block
   Tensor logits = torch::stable::new_empty(q, {m, n}, ScalarType::Float);
   MqaLogitsArgs args{static_cast<const uint8_t*>(q.data_ptr()), q.stride(0), q.stride(1), format_of(dtype_of(q)),
                      static_cast<const uint8_t*>(k.data_ptr()), k.stride(0), format_of(dtype_of(k)),
@@ -113,6 +114,7 @@ Tensor fp8_paged_mqa_logits(const Tensor& q, const Tensor& kv_cache, const Tenso
   STD_TORCH_CHECK(q.is_cpu() || (is_aligned(kv_cache.data_ptr(), 4) && (kv_cache.size(0) <= 1 || kv_cache.stride(0) % 4 == 0) &&
                                  (block_bytes / (dim + 4) * dim) % 4 == 0),
                   kOp, ": on a GPU the kv_cache blocks and their fp32 scales must be 4-byte aligned");
+  check_gpu_grid_rows(q, batch * next_n, 2, 128, kOp, "query rows");
   Tensor logits = torch::stable::new_empty(q, {batch * next_n, max_model_len}, ScalarType::Float);
   PagedMqaLogitsArgs args{};
   args.q = static_cast<const uint8_t*>(q.data_ptr());
@@ -174,6 +176,7 @@ void run_topk(const TopkPerRowArgs& args, const Tensor& logits, const char* op) 
   STD_TORCH_CHECK(logits.is_cpu() || args.k <= gpu::kTopkMaxK, op, ": the GPU kernel serves k <= ", gpu::kTopkMaxK,
                   ", got k = ", args.k);
   STD_TORCH_CHECK(logits.is_cpu() || args.cols <= 0x7fffffff, op, ": the GPU kernel serves rows of < 2^31 columns");
+  check_gpu_grid_rows(logits, args.rows, 1, 512, op, "rows");  // a 512-thread block a row
 #endif
   run_on_device(
       logits, args.rows, op, [&](int64_t b, int64_t e) { cpu::topk_per_row(args, b, e); },

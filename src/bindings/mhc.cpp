@@ -33,6 +33,7 @@ int64_t checked_residual(const Tensor& residual, const char* op) {
                   kHiddenMultiple, ", got ", hidden);
   STD_TORCH_CHECK(residual.size(0) <= std::numeric_limits<int32_t>::max(), op, ": at most 2^31 - 1 tokens, got ",
                   residual.size(0));
+  check_gpu_grid_rows(residual, residual.size(0), 1, 256, op, "tokens");  // the collapse: a 256-thread block a token
   check_aligned_contiguous(residual, op, "residual");
   return hidden;
 }

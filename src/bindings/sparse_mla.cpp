@@ -123,8 +123,7 @@ void sparse_mla_decode(const Tensor& q, const Tensor& main_cache, const Tensor& 
   std::optional<Tensor> workspace;  // keeps the GPU partials alive until the kernels are enqueued
 #if defined(DSV4OPS_WITH_GPU)
   if (!q.is_cpu() && tokens > 0 && args.heads > 0) {
-    STD_TORCH_CHECK(tokens <= std::numeric_limits<int32_t>::max(), kOp, ": at most 2^31 - 1 query rows, got ",
-                    tokens);
+    check_gpu_grid_rows(q, tokens, 1, 256, kOp, "query rows");  // a 256-thread partial block per row
     STD_TORCH_CHECK(args.heads <= 65535, kOp, ": at most 65535 heads on the GPU, got ", args.heads);
     // The split count is sized to q's device (its multiprocessors), which need not be the current one.
     torch::stable::accelerator::DeviceGuard guard(q.get_device_index());

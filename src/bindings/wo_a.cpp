@@ -148,6 +148,9 @@ BmmA8W8MxScaleArgs checked_bmm(const Tensor& x, const Tensor& w, const Tensor& x
   STD_TORCH_CHECK(k % kScaleBlock == 0 && n % kScaleBlock == 0 && k > 0 && n > 0, op,
                   ": K and N must be positive multiples of 128, got K=", k, ", N=", n);
   STD_TORCH_CHECK(x.stride(2) == 1 && w.stride(2) == 1, op, ": x and w must be contiguous along K");
+  // Grid y and z (N tiles of 16 columns at small M, groups) hold 65535 each.
+  STD_TORCH_CHECK(x.is_cpu() || (groups <= 65535 && n / 16 <= 65535), op,
+                  ": on a GPU at most 65535 groups and N of at most 1048560, got G=", groups, ", N=", n);
   check_dtype(x_scale, op, "x_scale", {ScalarType::Byte, ScalarType::Float8_e8m0fnu});
   check_dtype(w_scale, op, "w_scale", {ScalarType::Byte, ScalarType::Float8_e8m0fnu});
   STD_TORCH_CHECK(x_scale.dim() == 3 && x_scale.size(0) == m && x_scale.size(1) == groups &&
