@@ -2,7 +2,6 @@
 // entry point for the CPU kernel and the GPU split-K kernels (src/hip/sparse_mla/), the latter on the
 // current stream with an fp32 partials workspace allocated here.
 #include <cmath>
-#include <limits>
 #include <optional>
 #include <string>
 
