@@ -3,8 +3,8 @@
     python bench/bench_kv_cache.py [--device cuda] [--out bench/results] [--no-compile]
 
 Bytes counted: for the fused family, Q read and written (bf16 or FP8 out), the KV row, positions, slots,
-the stored KV (record 584 B, bf16 row 1024 B or FP8 row 512 B), the cos/sin row and kv_norm_rope_quant_insert's bf16
-norm weight (1024 B a call; one a token in this count, as for the other rows); for the plain insert, K rows read (1024
+the stored KV (record 584 B, bf16 row 1024 B or FP8 row 512 B), the cos/sin row, and kv_norm_rope_quant_insert's bf16
+norm weight (1024 B once a call); for the plain insert, K rows read (1024
 B/token) + slots, records written (584 B/token); for the gather, records read (584 B/token) + bf16
 rows written (1024 B/token). Peers in the same run: a device copy of the same number of bytes (the
 ceiling at that size, timed like our kernels), the PyTorch reference eager and under torch.compile
@@ -73,6 +73,9 @@ def _cos_sin(device, positions=16384):
     return torch.cat([freqs.cos(), freqs.sin()], dim=1).to(device)
 
 
+PER_CALL_BYTES = {"kv_norm_rope_quant_insert": 1024}  # its bf16 norm weight, read once a call
+
+
 def _fused_variants(device, fmt, qmax, cos_sin):
     """Per op of the fused family: (bytes per token given H, make(n, h), ours(*set), reference(*set),
     check(*set)). Bytes: Q read (+ written: bf16 2 B or FP8 1 B per dim), the KV row read, positions +
@@ -127,7 +130,7 @@ def _fused_variants(device, fmt, qmax, cos_sin):
             lambda q, kv, c, s, p, o: reference.qnorm_rope_kv_insert_full_cache_fp8(
                 q, kv, o, c, s, p, cos_sin, one, one, EPS, BLOCK_SIZE, True, fmt, qmax)),
         "kv_norm_rope_quant_insert": (
-            lambda h: 1024 + 1024 + 16 + 584 + 256, kv_norm_make,  # kv, its norm weight, slot + position, ...
+            lambda h: 1024 + 16 + 584 + 256, kv_norm_make,
             lambda kv, w, c, s, p: torch.ops.dsv4.kv_norm_rope_quant_insert(kv, w, c, s, p, cos_sin, EPS, BLOCK_SIZE,
                                                                            int(fmt), qmax),
             lambda kv, w, c, s, p: reference.kv_norm_rope_quant_insert(kv, w, c, s, p, cos_sin, EPS, BLOCK_SIZE, fmt,
@@ -155,7 +158,7 @@ def bench_fused_insert(device, ceiling, compile_peers):
             if FUSED_OPS[op] is not None and case not in FUSED_OPS[op]:
                 continue
             label = case.replace(" H=64", "") if op == "kv_norm_rope_quant_insert" else case
-            nbytes = n * bytes_per_token(h)
+            nbytes = n * bytes_per_token(h) + PER_CALL_BYTES.get(op, 0)
             sets = input_sets(lambda: make_set(n, h), nbytes, device)
             times = time_ours(ours, sets, device)
             times.update(time_matched_copy(nbytes, device))

@@ -141,8 +141,8 @@ def time_peer(times: Dict[str, float], name: str, fn: Callable, arg_sets: Sequen
 
 
 def input_set_count(bytes_per_call: int, device: torch.device) -> int:
-    """How many independent input sets cover 4x the L2 (at least 2, at most 64: calls of under L2 / 64 bytes,
-    ~0.8 MB on an H200, are then timed with their inputs in the L2, as the results' header says)."""
+    """How many independent input sets cover 4x the L2 (at least 2, at most 64: calls of under L2_BYTES / 64,
+    ~1 MB, are then timed with their inputs in the L2, as the results' header says)."""
     count = 2 if device.type != "cuda" else max(2, math.ceil(4 * L2_BYTES / max(bytes_per_call, 1)))
     return min(count, 64)
 
@@ -196,7 +196,7 @@ def bench_main(description: str, area: str, benches: Sequence[Callable], shrink:
         f"device: {name} ({dsv4ops.device_arch(device)}); dsv4ops {dsv4ops.__version__}; torch {torch.__version__}",
         f"ceiling: device copy bandwidth {ceiling:.0f} GB/s (read + write, measured in this run)",
         "time: median per call between device events; inputs rotated over 4x the L2 or 64 input sets, whichever"
-        " is less (calls of under ~0.8 MB then run from a warm L2); 'dsv4ops' = calls replayed from a CUDA graph,"
+        " is less (calls of under ~1 MB then run from a warm L2); 'dsv4ops' = calls replayed from a CUDA graph,"
         " 'back-to-back' = calls issued from Python (peers: back-to-back)",
         *extra_header,
     ]

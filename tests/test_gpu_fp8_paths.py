@@ -132,7 +132,7 @@ def test_calls_past_one_gpu_grid_are_refused_with_a_message():
         torch.ops.dsv4.mhc_pre(residual, fn, scale, base, 1e-6, 1e-6, 1e-6, 2.0, 20, None, 1e-6)
     rows = 2**23  # one past the top-k bound (512 threads a row)
     logits = torch.zeros(1, 8, device=dev).expand(rows, 8)
-    lens = torch.zeros(1, dtype=torch.int32, device=dev).expand(rows)
+    lens = torch.zeros(rows, dtype=torch.int32, device=dev)  # (must be contiguous: 32 MB)
     out = torch.empty(rows, 1, dtype=torch.int32, device=dev)
     with pytest.raises(RuntimeError, match="at most 8388607 rows on a GPU"):
         torch.ops.dsv4.topk_per_row_decode(logits, lens, 1, False, out=out)

@@ -433,6 +433,9 @@ def test_uint8_scales_at_any_byte_offset(device, monkeypatch):
     assert args[2].storage_offset() % 4 == 1
     assert_logits_match(dsv4ops.fp8_mqa_logits(*args).cpu(), want, bound=tensor_core_bound(device, q, k, scales,
                                                                                             weights))
+    aligned = scales.view(torch.uint8).view(n, 4).to(device)
+    compiled = torch.compile(lambda q_: dsv4ops.fp8_mqa_logits(q_, args[1], aligned, *args[3:]), fullgraph=True)
+    assert torch.equal(compiled(args[0]), dsv4ops.fp8_mqa_logits(args[0], args[1], aligned, *args[3:]))
     monkeypatch.setenv("DSV4OPS_DISABLE", "fp8_mqa_logits")
     assert torch.equal(dsv4ops.fp8_mqa_logits(*(t.to(device) for t in (q, k, odd, weights, ks, ke))).cpu(), want)
 

@@ -63,8 +63,6 @@ def fp8_mqa_logits(q: torch.Tensor, k: torch.Tensor, k_scale: torch.Tensor, weig
     to [0, N)); -inf elsewhere when clean_logits, else those columns are left unwritten. q [M, H, D] and
     k [N, D] FP8, k_scale [N] fp32 (or [N, 4] uint8), weights [M, H] fp32, ks/ke int32 [M]."""
     path = _choose_logits_path("fp8_mqa_logits", q.device)
-    if k_scale.dtype == torch.uint8 and k_scale.storage_offset() % 4:  # bytes off a 4-byte boundary: realigned
-        k_scale = reference.uint8_scales_as_fp32(k_scale)
     if path == KERNEL:
         return torch.ops.dsv4.fp8_mqa_logits(q, k, k_scale, weights, cu_seqlen_ks, cu_seqlen_ke, bool(clean_logits))
     if path == TRITON:

@@ -329,8 +329,9 @@ def fp8_paged_mqa_logits(q: torch.Tensor, kv_cache: torch.Tensor, weights: torch
         return logits
     cache = kv_cache.reshape(num_blocks, block_bytes) if num_blocks else torch.zeros(1, block_bytes, dtype=torch.uint8,
                                                                                    device=q.device)
-    if paged_cache_unsupported(q, kv_cache) is not None:
-        raise ValueError(f"fp8_paged_mqa_logits: {paged_cache_unsupported(q, kv_cache)}")
+    unsupported = paged_cache_unsupported(q, kv_cache)
+    if unsupported is not None:
+        raise ValueError(f"fp8_paged_mqa_logits: {unsupported}")
     if cache.stride(1) != 1 or cache.stride(0) % 4 or cache.data_ptr() % 4:
         cache = cache.contiguous()  # the fp32 scales are read 4-byte aligned
     table = block_tables if block_tables.shape[1] <= 1 or block_tables.stride(1) == 1 else block_tables.contiguous()

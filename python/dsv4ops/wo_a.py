@@ -21,7 +21,7 @@ from typing import Optional
 import torch
 
 from . import dispatch
-from .fp8 import e4m3fn_to_fnuz, float_to_ue8m0_lossless
+from .fp8 import e4m3fn_to_fnuz, float_to_ue8m0_lossless, fp8_block_dequantize
 from .platform import Fp8Format, format_and_quant_max
 from .reference import wo_a as reference
 
@@ -203,15 +203,11 @@ def _dequantize_weight(weight: torch.Tensor, scale: Optional[torch.Tensor], fmt:
     if weight.dim() != 2 or scale.dim() != 2:
         raise ValueError(f"wo_a: dequantizes a 2-D weight with a 2-D scale, got {tuple(weight.shape)} and "
                          f"{tuple(scale.shape)}")
-    block_rows, block_cols = _scale_block_shape(weight.shape, scale.shape)
-    values = reference.fp8_decode(weight.view(torch.uint8), fmt if fmt is not None else Fp8Format.parse(weight.dtype))
-    if scale.dtype in (torch.uint8, getattr(torch, "float8_e8m0fnu", torch.uint8)):
-        factors = reference._pow2(scale.view(torch.uint8).to(torch.int64) - 127).to(torch.float32)
-    else:
-        factors = scale.to(torch.float32)
-    factors = factors.repeat_interleave(block_rows, 0)[: weight.shape[0]]
-    factors = factors.repeat_interleave(block_cols, 1)[:, : weight.shape[1]]
-    return (values * factors).to(dtype)
+    block_shape = _scale_block_shape(weight.shape, scale.shape)
+    if scale.dtype not in (torch.uint8, getattr(torch, "float8_e8m0fnu", torch.uint8), torch.float32):
+        scale = scale.to(torch.float32)  # fp16 / bf16 / fp64 powers of two: exact in fp32
+    fmt = fmt if fmt is not None else Fp8Format.parse(weight.dtype)
+    return fp8_block_dequantize(weight, scale, block_shape, fmt, torch.float32).to(dtype)
 
 
 def _refuse(plan_args: dict, reason: str) -> WoAPlan:

@@ -55,13 +55,15 @@ Tensor fp8_mqa_logits(const Tensor& q, const Tensor& k, const Tensor& k_scale, c
   check_int32_vector(ks, m, kOp, "cu_seqlen_ks");
   check_int32_vector(ke, m, kOp, "cu_seqlen_ke");
   for (const Tensor* t : {&k, &k_scale, &weights, &ks, &ke}) check_same_device(q, "q", *t, "every other tensor", kOp);
-  STD_TORCH_CHECK(q.is_cpu() || is_aligned(k_scale.data_ptr(), 4), kOp,
-                  ": k_scale must start 4-byte aligned on a GPU (it is read as fp32)");
+  // The GPU kernels read the scales as fp32: a [N, 4] uint8 view off a 4-byte boundary is copied to one on it.
+  const Tensor aligned_scale = q.is_cpu() || is_aligned(k_scale.data_ptr(), 4) ? k_scale : torch::stable::clone(k_scale);
   check_gpu_grid_rows(q, m, 2, 128, kOp, "query rows");  // the matrix kernels: two rows a 128-thread block
+  // sm_90a's warpgroup kernel: blocks of 128 rows along grid y (65535 of them).
+  STD_TORCH_CHECK(q.is_cpu() || m <= int64_t{65535} * 128, kOp, ": at most 8388480 query rows on a GPU, got ", m);
   Tensor logits = torch::stable::new_empty(q, {m, n}, ScalarType::Float);
   MqaLogitsArgs args{static_cast<const uint8_t*>(q.data_ptr()), q.stride(0), q.stride(1), format_of(dtype_of(q)),
                      static_cast<const uint8_t*>(k.data_ptr()), k.stride(0), format_of(dtype_of(k)),
-                     static_cast<const float*>(k_scale.data_ptr()), static_cast<const float*>(weights.data_ptr()),
+                     static_cast<const float*>(aligned_scale.data_ptr()), static_cast<const float*>(weights.data_ptr()),
                      static_cast<const int32_t*>(ks.data_ptr()), static_cast<const int32_t*>(ke.data_ptr()),
                      static_cast<float*>(logits.data_ptr()), n, m, n, heads, dim, clean_logits};
   run_on_device(
@@ -115,6 +117,8 @@ Tensor fp8_paged_mqa_logits(const Tensor& q, const Tensor& kv_cache, const Tenso
                                  (block_bytes / (dim + 4) * dim) % 4 == 0),
                   kOp, ": on a GPU the kv_cache blocks and their fp32 scales must be 4-byte aligned");
   check_gpu_grid_rows(q, batch * next_n, 2, 128, kOp, "query rows");
+  // sm_90a's warpgroup and TMA kernels: a request along grid y.
+  STD_TORCH_CHECK(q.is_cpu() || batch <= 65535, kOp, ": at most 65535 requests (B) on a GPU, got ", batch);
   Tensor logits = torch::stable::new_empty(q, {batch * next_n, max_model_len}, ScalarType::Float);
   PagedMqaLogitsArgs args{};
   args.q = static_cast<const uint8_t*>(q.data_ptr());

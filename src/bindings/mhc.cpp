@@ -23,8 +23,9 @@ void check_same_device_all(const Tensor& on, std::initializer_list<const Tensor*
   for (const Tensor* t : others) check_same_device(on, "residual", *t, "every other tensor argument", op);
 }
 
-// residual bf16 [T, 4, hidden]; returns hidden.
-int64_t checked_residual(const Tensor& residual, const char* op) {
+// residual bf16 [T, 4, hidden]; returns hidden. collapses: the call runs pre's collapse kernel, a 256-thread
+// block a token (its token count is bound by one GPU grid; post's grid is capped and loops).
+int64_t checked_residual(const Tensor& residual, const char* op, bool collapses) {
   check_dtype(residual, op, "residual", {ScalarType::BFloat16});
   STD_TORCH_CHECK(residual.dim() == 3 && residual.size(1) == mhc::kHcMult, op,
                   ": residual must have shape [tokens, 4, hidden] (hc_mult 4), got ", shape_string(residual));
@@ -33,7 +34,7 @@ int64_t checked_residual(const Tensor& residual, const char* op) {
                   kHiddenMultiple, ", got ", hidden);
   STD_TORCH_CHECK(residual.size(0) <= std::numeric_limits<int32_t>::max(), op, ": at most 2^31 - 1 tokens, got ",
                   residual.size(0));
-  check_gpu_grid_rows(residual, residual.size(0), 1, 256, op, "tokens");  // the collapse: a 256-thread block a token
+  if (collapses) check_gpu_grid_rows(residual, residual.size(0), 1, 256, op, "tokens");
   check_aligned_contiguous(residual, op, "residual");
   return hidden;
 }
@@ -54,7 +55,7 @@ MhcPreArgs checked_pre(const Tensor& residual, const Tensor& fn, const Tensor& s
                        int scales, double rms_eps, double pre_eps, double sinkhorn_eps, double post_mult,
                        int64_t sinkhorn_iters, const std::optional<Tensor>& norm_weight, double norm_eps,
                        const char* op) {
-  const int64_t hidden = checked_residual(residual, op);
+  const int64_t hidden = checked_residual(residual, op, /*collapses=*/true);
   check_dtype(fn, op, "fn", {ScalarType::Float});
   STD_TORCH_CHECK(fn.dim() == 2 && fn.size(0) == mixes && fn.size(1) == mhc::kHcMult * hidden, op,
                   ": fn must have shape [", mixes, ", ", mhc::kHcMult * hidden, "], got ", shape_string(fn));
@@ -156,7 +157,7 @@ Tensor dense(const Tensor& t) { return t.is_contiguous() ? t : torch::stable::co
 // Checks the post inputs (post_mix and comb_mix dense: see dense()) and fills everything but the output.
 MhcPostArgs checked_post(const Tensor& x, const Tensor& residual, const Tensor& post_mix, const Tensor& comb_mix,
                          const char* op) {
-  const int64_t hidden = checked_residual(residual, op);
+  const int64_t hidden = checked_residual(residual, op, /*collapses=*/false);
   const int64_t t = residual.size(0);
   check_dtype(x, op, "x", {ScalarType::BFloat16});
   STD_TORCH_CHECK(x.dim() == 2 && x.size(0) == t && x.size(1) == hidden, op, ": x must have shape [", t, ", ",

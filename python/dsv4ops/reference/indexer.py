@@ -38,12 +38,9 @@ def _fp8_values(x: torch.Tensor) -> torch.Tensor:
 
 
 def uint8_scales_as_fp32(k_scale: torch.Tensor) -> torch.Tensor:
-    """[N, 4] uint8 bytes of one fp32 each -> fp32 [N]; a view that does not start on a 4-byte boundary (a
-    slice of a byte buffer) is copied to one that does, which reinterpreting the bytes needs."""
-    rows = k_scale.contiguous()
-    if rows.storage_offset() % 4:
-        rows = rows.clone()
-    return rows.view(torch.float32).reshape(-1)
+    """[N, 4] uint8 bytes of one fp32 each -> fp32 [N]. The bytes are copied first (N * 4 of them): a view that
+    does not start on a 4-byte boundary (a slice of a byte buffer) cannot be reinterpreted in place."""
+    return k_scale.clone(memory_format=torch.contiguous_format).view(torch.float32).reshape(-1)
 
 
 def _k_scale(k_scale: torch.Tensor) -> torch.Tensor:

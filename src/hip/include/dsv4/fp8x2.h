@@ -84,10 +84,13 @@ DSV4_HD uint32_t fp8x2_encode_clamped_not_nan(float lo, float hi, float quant_ma
 }
 
 // fp8_encode_clamped_nan_to_min<F>(lo) in bits 0..7 and (hi) in bits 8..15: the KV writers' clamp, NaN to
-// -quant_max. The paired path's fmaxf already takes NaN to the lower bound (IEEE maxNum), so it needs no test.
+// -quant_max (quant_max <= the format's max finite, as the bindings check).
 template <Fp8Format F>
 DSV4_HD uint32_t fp8x2_encode_clamped_nan_to_min(float lo, float hi, float quant_max) {
-  if constexpr (fp8x2_uses_hardware<F>()) return fp8x2_encode_clamped_not_nan<F>(lo, hi, quant_max);
+  if constexpr (fp8x2_uses_hardware<F>()) {
+    // fmaxf first: it takes NaN to its other operand (IEEE maxNum), so NaN leaves the clamp as -quant_max.
+    return fp8x2_convert<F>(fminf(fmaxf(lo, -quant_max), quant_max), fminf(fmaxf(hi, -quant_max), quant_max));
+  }
   return static_cast<uint32_t>(fp8_encode_clamped_nan_to_min<F>(lo, quant_max)) |
          (static_cast<uint32_t>(fp8_encode_clamped_nan_to_min<F>(hi, quant_max)) << 8);
 }
