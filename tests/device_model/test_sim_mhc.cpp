@@ -133,8 +133,9 @@ TEST(ModelMhc, Post) {
 }
 
 // mhc_fused_post_pre against the CPU's post, then pre on post's output: post's output byte for byte, pre's
-// outputs as in check_pre. Through each launch form of the pre kernels.
-void check_fused(Random& random, int64_t tokens, int64_t hidden) {
+// outputs as in check_pre (with_norm: layer_input also RMS-normalized with the norm weight). Through each launch
+// form of the pre kernels.
+void check_fused(Random& random, int64_t tokens, int64_t hidden, bool with_norm = false) {
   const PreInputs pre_in(random, tokens, hidden, dsv4::mhc::kPreMixes);
   const std::vector<uint16_t> x = random.bf16(tokens * hidden);
   const std::vector<uint16_t> residual = random.bf16(tokens * kStreams * hidden);
@@ -154,6 +155,8 @@ void check_fused(Random& random, int64_t tokens, int64_t hidden) {
   pre.post_mix = fused.post.data();
   pre.comb_mix = fused.comb.data();
   pre.out = fused.out.data();
+  pre.norm_weight = with_norm ? pre_in.norm_weight.data() : nullptr;
+  pre.norm_eps = 1e-6f;
   pre.tokens = tokens;
   pre.hidden = hidden;
   pre.mixes = dsv4::mhc::kPreMixes;
@@ -166,14 +169,14 @@ void check_fused(Random& random, int64_t tokens, int64_t hidden) {
   post.out = want_residual.data();
   dsv4::cpu::mhc_post(post, 0, tokens);
   const std::string what = "tokens " + std::to_string(tokens) + " hidden " + std::to_string(hidden) + " k splits " +
-                           std::to_string(pre.k_splits);
+                           std::to_string(pre.k_splits) + (with_norm ? " norm" : "");
   EXPECT_TRUE(same_bytes(new_residual, want_residual)) << what;
   PreInputs cpu_in = pre_in;
   cpu_in.residual = want_residual;
-  const PreOutputs cpu = run_pre(cpu_in, false, false);
+  const PreOutputs cpu = run_pre(cpu_in, with_norm, false);
   EXPECT_TRUE(close_floats(fused.post, cpu.post, 1e-5, 1e-5)) << what;
   EXPECT_TRUE(close_floats(fused.comb, cpu.comb, 1e-5, 0.0)) << what;
-  expect_layer_input_close(cpu_in, fused.out, cpu.out, false, "fused " + what);
+  expect_layer_input_close(cpu_in, fused.out, cpu.out, with_norm, "fused " + what);
 }
 
 TEST(ModelMhc, FusedPostPre) {
@@ -183,6 +186,8 @@ TEST(ModelMhc, FusedPostPre) {
   check_fused(random, 130, 128);  // separate epilogue and collapse
   check_fused(random, 300, 128);  // fn split once, by its own kernel
   check_fused(random, 2050, 64);  // two tiles a warp
+  check_fused(random, 9, 256, true);    // the norm weight after the collapse: one kernel a token
+  check_fused(random, 130, 128, true);  // and in the separate collapse kernel
 }
 
 // The DSv4 sizes at decode: Flash (hidden 4096) and Pro (hidden 7168).
