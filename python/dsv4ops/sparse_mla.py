@@ -29,10 +29,10 @@ def sparse_mla_decode(q: torch.Tensor, main_cache: torch.Tensor, main_indices: t
                       out: Optional[torch.Tensor] = None) -> torch.Tensor:
     """q bf16 [T, H, 512] attends, per row and head, over the valid global slots main_indices[main_indptr[t]:
     main_indptr[t+1]] of main_cache and those of extra_cache (int32 ragged lists, both ends of a row clamped to
-    [0, nnz] and an end below its start an empty row; negative or out-of-cache slots skipped), V = K, with the per-head sink logit attn_sink [>= H] enlarging the softmax denominator
-    only (a NaN sink counts as none, a +inf sink gives zeros); rows without keys give zeros; non-finite key
-    values read as 0. With cos_sin [P, 64] and positions, dims 448..511 of the output are
-    rotated back (the fused inverse-RoPE epilogue). num_splits (0: automatic) cuts each row's keys into
+    [0, nnz] and an end below its start an empty row; negative or out-of-cache slots skipped), V = K, with the
+    per-head sink logit attn_sink [>= H] enlarging the softmax denominator only (a NaN sink counts as none, a
+    +inf sink gives zeros); rows without keys give zeros; non-finite key values read as 0. With cos_sin [P, 64]
+    and positions, dims 448..511 of the output are rotated back (the fused inverse-RoPE epilogue). num_splits (0: automatic) cuts each row's keys into
     slices reduced at the end. Writes and returns out (bf16 [T, H, 512])."""
     main_fmt = Fp8Format.parse(main_format) if main_format is not None else device_fp8_format(main_cache.device)
     extra_fmt = Fp8Format.parse(extra_format)

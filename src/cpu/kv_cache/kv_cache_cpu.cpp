@@ -62,7 +62,9 @@ void norm_rope_row(const uint16_t* in, float* values, bool apply_norm, const uin
 
 template <Fp8Format F>
 void store_fp8_row(uint8_t* out, const float* values, float multiplier, float quant_max) {
-  for (int i = 0; i < ds_mla::kHeadDim; ++i) out[i] = fp8_encode_clamped_nan_to_min<F>(values[i] * multiplier, quant_max);
+  for (int i = 0; i < ds_mla::kHeadDim; ++i) {
+    out[i] = fp8_encode_clamped_nan_to_min<F>(values[i] * multiplier, quant_max);
+  }
 }
 
 template <Fp8Format F>
