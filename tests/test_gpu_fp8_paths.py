@@ -136,8 +136,8 @@ def test_calls_past_one_gpu_grid_are_refused_with_a_message():
     out = torch.empty(rows, 1, dtype=torch.int32, device=dev)
     with pytest.raises(RuntimeError, match="at most 8388607 rows on a GPU"):
         torch.ops.dsv4.topk_per_row_decode(logits, lens, 1, False, out=out)
-    w = torch.zeros(65536, 128, 128, dtype=torch.float8_e4m3fn, device=dev)  # 1 GiB: G past grid z
-    x = torch.zeros(1, 1, 128, dtype=torch.float8_e4m3fn, device=dev).expand(1, 65536, 128)
+    w = torch.zeros(65536, 128, 128, dtype=torch.uint8, device=dev).view(torch.float8_e4m3fn)  # 1 GiB: G past grid z
+    x = torch.zeros(1, 1, 128, dtype=torch.uint8, device=dev).view(torch.float8_e4m3fn).expand(1, 65536, 128)
     xs = torch.zeros(1, 1, 1, dtype=torch.uint8, device=dev).expand(1, 65536, 1)
     ws = torch.zeros(65536, 1, 1, dtype=torch.uint8, device=dev)
     with pytest.raises(RuntimeError, match="at most 65535 groups"):
