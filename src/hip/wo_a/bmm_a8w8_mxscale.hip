@@ -1677,15 +1677,14 @@ __global__ void __launch_bounds__(128 * kWarpGroups) bmm_wgmma_f16_kernel(BmmA8W
 }
 
 // ---- Decode sizes on f16 wgmma: the weight as the A operand ----
-// bmm_wgmma_f16_small_m_kernel: the fp32 sums for M <= 64 (taken from 33 rows), where the op streams the weight
-// once and the tokens are few. The roles of bmm_wgmma_f16_kernel are swapped: the weight rows are the MMA's M
-// dimension (a block owns 128 of them, one row block of w_scale; a warp group 64) and go from global memory
-// straight into registers,
-// kSmallMWeightAhead K blocks ahead, where they become the f16 A fragments; the tokens are its N dimension (64,
-// the ones past M zero), converted to f16 by all threads once per K block into a ring of kSmallMTokenStages
-// shared copies that both warp groups read. No weight byte passes through shared memory, and each is converted
-// once. In the scaled form (below) a warp group multiplies each K block as two chains (even and odd k steps into
-// two accumulators, added at the end), so that the unit has four independent chains an SM.
+// bmm_wgmma_f16_small_m_kernel: the fp32 sums for M <= 64 (taken from 33 rows), where the op streams the weight once
+// and the tokens are few. The roles of bmm_wgmma_f16_kernel are swapped: the weight rows are the MMA's M dimension (a
+// block owns 128 of them, one row block of w_scale; a warp group 64) and go from global memory straight into registers,
+// kSmallMWeightAhead K blocks ahead, where they become the f16 A fragments; the tokens are its N dimension (64, the
+// ones past M zero), converted to f16 by all threads once per K block into a ring of kSmallMTokenStages shared copies
+// that both warp groups read. No weight byte passes through shared memory, and each is converted once. In the scaled
+// form (below) a warp group multiplies each K block as two chains (even and odd k steps into two accumulators, added at
+// the end), so that the unit has four independent chains an SM.
 // Measured on the H200 (N = 1024, K = 4096, graph replay, weights past the L2), against the f16 kernels it
 // replaces there (64 x 64 tiles split over two blocks, 64 x 128 tiles): G = 8, M = 64 19.9 us against 21.2;
 // G = 16, M = 64 33.6 against 36.2; G = 8, M = 40 19.0 against 20.6 (~215-256 TFLOP/s, a quarter of the f16

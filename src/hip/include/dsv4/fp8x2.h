@@ -66,33 +66,30 @@ DSV4_HD uint32_t fp8x2_convert(float lo, float hi) {
 #endif
 }
 
-// fp8x2_encode_clamped<F>(lo, hi, quant_max) for two values known not to be NaN (infinities are fine): the
-// clamps and the conversion without the NaN selects, for callers that test a run of values for NaN once.
-template <Fp8Format F>
-DSV4_HD uint32_t fp8x2_encode_clamped_not_nan(float lo, float hi, float quant_max) {
-  if constexpr (fp8x2_uses_hardware<F>()) {
-    using T = Fp8Traits<F>;
-    // The quantizer's clamp and the format's saturation as one min and one max per value, to the smaller
-    // bound (NaN would come out of them as a bound: fp8x2_encode_clamped gives it its code afterwards): a
-    // clamp that kept NaN took three times the instructions, which full-cache Q quantization at prefill
-    // sizes is bound by.
-    const float bound = fminf(quant_max, T::kMaxFinite);
-    return fp8x2_convert<F>(fminf(fmaxf(lo, -bound), bound), fminf(fmaxf(hi, -bound), bound));
-  }
-  return static_cast<uint32_t>(fp8_encode_clamped<F>(lo, quant_max)) |
-         (static_cast<uint32_t>(fp8_encode_clamped<F>(hi, quant_max)) << 8);
-}
-
 // fp8_encode_clamped_nan_to_min<F>(lo) in bits 0..7 and (hi) in bits 8..15: the KV writers' clamp, NaN to
-// -quant_max (quant_max <= the format's max finite, as the bindings check).
+// -quant_max.
 template <Fp8Format F>
 DSV4_HD uint32_t fp8x2_encode_clamped_nan_to_min(float lo, float hi, float quant_max) {
   if constexpr (fp8x2_uses_hardware<F>()) {
-    // fmaxf first: it takes NaN to its other operand (IEEE maxNum), so NaN leaves the clamp as -quant_max.
-    return fp8x2_convert<F>(fminf(fmaxf(lo, -quant_max), quant_max), fminf(fmaxf(hi, -quant_max), quant_max));
+    using T = Fp8Traits<F>;
+    // The clamp and the format's saturation as one max and one min per value, to the smaller bound (a clamp
+    // that kept NaN took three times the instructions, which full-cache Q quantization at prefill sizes is
+    // bound by). fmaxf first: it takes NaN to its other operand (IEEE maxNum), so NaN leaves as -bound.
+    const float bound = fminf(quant_max, T::kMaxFinite);
+    return fp8x2_convert<F>(fminf(fmaxf(lo, -bound), bound), fminf(fmaxf(hi, -bound), bound));
   }
   return static_cast<uint32_t>(fp8_encode_clamped_nan_to_min<F>(lo, quant_max)) |
          (static_cast<uint32_t>(fp8_encode_clamped_nan_to_min<F>(hi, quant_max)) << 8);
+}
+
+// fp8x2_encode_clamped<F>(lo, hi, quant_max) for two values known not to be NaN (infinities are fine): the
+// clamps and the conversion without the NaN selects, for callers that test a run of values for NaN once
+// (where the device pairs conversions, the form above: the same bytes for every value but NaN).
+template <Fp8Format F>
+DSV4_HD uint32_t fp8x2_encode_clamped_not_nan(float lo, float hi, float quant_max) {
+  if constexpr (fp8x2_uses_hardware<F>()) return fp8x2_encode_clamped_nan_to_min<F>(lo, hi, quant_max);
+  return static_cast<uint32_t>(fp8_encode_clamped<F>(lo, quant_max)) |
+         (static_cast<uint32_t>(fp8_encode_clamped<F>(hi, quant_max)) << 8);
 }
 
 // fp8_encode_clamped<F>(lo) in bits 0..7 and fp8_encode_clamped<F>(hi) in bits 8..15.
