@@ -14,7 +14,6 @@ import torch
 from . import dispatch, reference
 from .platform import Fp8Format, format_and_quant_max
 
-_UE8M0_DTYPES = (torch.uint8, torch.float8_e8m0fnu)
 _REFUSAL_REASONS = {
     1: "is not finite",
     2: "is not positive",
@@ -41,7 +40,7 @@ def float_to_ue8m0_lossless(scale: torch.Tensor) -> Tuple[Optional[torch.Tensor]
     byte: not a floating or UE8M0 dtype, not finite, not positive, not a power of two, below 2^-127, or
     an E8M0 byte 255 (NaN). Nothing is ever rounded. Reads the result on the host (a load-time call).
     """
-    if scale.dtype in _UE8M0_DTYPES:
+    if scale.dtype in reference.UE8M0_DTYPES:
         raw = scale.view(torch.uint8) if scale.dtype != torch.uint8 else scale
         nan_bytes = raw == 255
         if bool(nan_bytes.any()):
@@ -125,7 +124,7 @@ def e4m3fn_to_fnuz(weight: torch.Tensor, scale: torch.Tensor, inplace: bool = Fa
     changing anything) if a scale cannot double exactly: UE8M0 byte >= 254, or an fp32 scale that is
     not finite or >= 2^127. Reads the scales on the host (a load-time call).
     """
-    if scale.dtype in _UE8M0_DTYPES:
+    if scale.dtype in reference.UE8M0_DTYPES:
         raw = scale.view(torch.uint8) if scale.dtype != torch.uint8 else scale
         overflow = raw >= 254
     elif scale.dtype == torch.float32:

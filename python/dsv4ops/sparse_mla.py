@@ -32,8 +32,8 @@ def sparse_mla_decode(q: torch.Tensor, main_cache: torch.Tensor, main_indices: t
     [0, nnz] and an end below its start an empty row; negative or out-of-cache slots skipped), V = K, with the
     per-head sink logit attn_sink [>= H] enlarging the softmax denominator only (a NaN sink counts as none, a
     +inf sink gives zeros); rows without keys give zeros; non-finite key values read as 0. With cos_sin [P, 64]
-    and positions, dims 448..511 of the output are rotated back (the fused inverse-RoPE epilogue). num_splits (0: automatic) cuts each row's keys into
-    slices reduced at the end. Writes and returns out (bf16 [T, H, 512])."""
+    and positions, dims 448..511 of the output are rotated back (the fused inverse-RoPE epilogue). num_splits
+    (0: automatic) cuts each row's keys into slices reduced at the end. Writes and returns out (bf16 [T, H, 512])."""
     main_fmt = Fp8Format.parse(main_format) if main_format is not None else device_fp8_format(main_cache.device)
     extra_fmt = Fp8Format.parse(extra_format)
     if out is None:

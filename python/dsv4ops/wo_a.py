@@ -23,6 +23,7 @@ import torch
 from . import dispatch
 from .fp8 import e4m3fn_to_fnuz, float_to_ue8m0_lossless, fp8_block_dequantize
 from .platform import Fp8Format, format_and_quant_max
+from .reference import fp8 as reference_fp8
 from .reference import wo_a as reference
 
 
@@ -204,7 +205,7 @@ def _dequantize_weight(weight: torch.Tensor, scale: Optional[torch.Tensor], fmt:
         raise ValueError(f"wo_a: dequantizes a 2-D weight with a 2-D scale, got {tuple(weight.shape)} and "
                          f"{tuple(scale.shape)}")
     block_shape = _scale_block_shape(weight.shape, scale.shape)
-    if scale.dtype not in (torch.uint8, getattr(torch, "float8_e8m0fnu", torch.uint8), torch.float32):
+    if scale.dtype not in reference_fp8.UE8M0_DTYPES + (torch.float32,):
         scale = scale.to(torch.float32)  # fp16 / bf16 / fp64 powers of two: exact in fp32
     fmt = fmt if fmt is not None else Fp8Format.parse(weight.dtype)
     return fp8_block_dequantize(weight, scale, block_shape, fmt, torch.float32).to(dtype)

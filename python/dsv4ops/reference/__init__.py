@@ -3,6 +3,7 @@ on devices without a native kernel. Written for clarity (float64 arithmetic, no 
 the kernels), so that agreement with the kernels means something."""
 
 from .fp8 import (  # noqa: F401
+    UE8M0_DTYPES,
     e4m3fn_to_fnuz,
     float_to_ue8m0_lossless,
     fp8_block_dequantize,

@@ -50,6 +50,9 @@ def _pow2(exponent: torch.Tensor) -> torch.Tensor:
     return _POW2.to(exponent.device)[exponent.long() - _POW2_MIN_EXPONENT]
 
 
+UE8M0_DTYPES = (torch.uint8, torch.float8_e8m0fnu)  # the dtypes UE8M0 scale bytes come in
+
+
 def _bytes(x: torch.Tensor) -> torch.Tensor:
     return x.view(torch.uint8) if x.dtype != torch.uint8 else x
 
@@ -97,7 +100,7 @@ def fp8_encode(x: torch.Tensor, fp8_format, quant_max: float) -> torch.Tensor:
 
 def ue8m0_to_float(scale: torch.Tensor) -> torch.Tensor:
     """Byte u -> 2^(u-127) as float32; byte 0 is 2^-127 (subnormal), byte 255 is NaN."""
-    if scale.dtype not in (torch.uint8, getattr(torch, "float8_e8m0fnu", torch.uint8)):
+    if scale.dtype not in UE8M0_DTYPES:
         raise ValueError(f"ue8m0_to_float: scale must have dtype uint8 or float8_e8m0fnu, got {scale.dtype}")
     u = _bytes(scale).long()
     value = _pow2(u - 127)
@@ -143,7 +146,7 @@ def _check_block_dequantize(x, scale, block_rows: int, block_cols: int, out_dtyp
     if x.dtype not in (torch.uint8, torch.float8_e4m3fn, torch.float8_e4m3fnuz):
         raise ValueError(f"fp8_block_dequantize: x must have dtype uint8 or float8_e4m3fn or float8_e4m3fnuz, got "
                          f"{x.dtype}")
-    if scale.dtype not in (torch.uint8, getattr(torch, "float8_e8m0fnu", torch.uint8), torch.float32):
+    if scale.dtype not in UE8M0_DTYPES + (torch.float32,):
         raise ValueError(f"fp8_block_dequantize: scale must have dtype uint8 or float8_e8m0fnu or float32, got "
                          f"{scale.dtype}")
     if out_dtype not in (torch.bfloat16, torch.float32):
@@ -176,7 +179,7 @@ def e4m3fn_to_fnuz(weight: torch.Tensor, scale: torch.Tensor):
     if weight.dtype not in (torch.uint8, torch.float8_e4m3fn):
         raise ValueError(f"e4m3fn_to_fnuz: weight must have dtype float8_e4m3fn or uint8 (OCP bytes), got "
                          f"{weight.dtype}")
-    if scale.dtype not in (torch.uint8, getattr(torch, "float8_e8m0fnu", torch.uint8), torch.float32):
+    if scale.dtype not in UE8M0_DTYPES + (torch.float32,):
         raise ValueError(f"e4m3fn_to_fnuz: scale dtype must be uint8, float8_e8m0fnu or float32, got {scale.dtype}")
     w = _bytes(weight)
     w = torch.where(w == 0x80, torch.zeros_like(w), w)
