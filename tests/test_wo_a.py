@@ -128,19 +128,31 @@ def test_group_quant_nan_and_inf_lanes(device):
     assert_bytes_equal(scale, want[1])
 
 
+# x_scale views of a larger buffer, "row" layout at any strides (spec §3.6): (buffer shape, the [5, 2, 32] view, the
+# view's complement in the buffer, which must keep its bytes).
+_STRIDED_SCALES = {
+    "padded rows": ((5, 2, 40), lambda b: b[:, :, :32], lambda b: b[:, :, 32:]),
+    "every other byte": ((5, 2, 64), lambda b: b[:, :, ::2], lambda b: b[:, :, 1::2]),
+    "block-major": ((5, 32, 2), lambda b: b.permute(0, 2, 1), lambda b: b[:0]),
+    "transposed tokens": ((32, 2, 5), lambda b: b.permute(2, 1, 0), lambda b: b[:0]),
+}
+
+
+@pytest.mark.parametrize("layout", sorted(_STRIDED_SCALES))
 @pytest.mark.parametrize("device", DEVICES)
-def test_group_quant_out_form_with_strided_scale(device):
+def test_group_quant_out_form_with_strided_scale(device, layout):
     o = attention_output(5, 16, seed=3)
     positions, cos_sin = torch.arange(5), rope_table(16)
-    want = torch.ops.dsv4.inverse_rope_group_quant(o, positions, cos_sin, 2, 128, 0, 448.0, True)
+    want = reference.inverse_rope_group_quant(o, positions, cos_sin, 2, 128, 0, 448.0, True)
     o, positions, cos_sin = o.to(device), positions.to(device), cos_sin.to(device)
     x = torch.empty(5, 2, 4096, dtype=torch.float8_e4m3fn, device=device)
-    wide = torch.full((5, 2, 40), 7, dtype=torch.uint8, device=device)
+    shape, view, rest = _STRIDED_SCALES[layout]
+    buffer = torch.full(shape, 7, dtype=torch.uint8, device=device)
     torch.ops.dsv4.inverse_rope_group_quant.out(o, positions, cos_sin, 2, 128, 0, 448.0, True, x_fp8=x,
-                                                x_scale=wide[:, :, :32])
+                                                x_scale=view(buffer))
     assert_bytes_equal(x, want[0])
-    assert_bytes_equal(wide[:, :, :32], want[1])
-    assert bool((wide[:, :, 32:] == 7).all()), "bytes past the logical scale extent are untouched"
+    assert_bytes_equal(view(buffer), want[1])
+    assert bool((rest(buffer) == 7).all()), "bytes outside the scale view are untouched"
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -85,6 +85,7 @@ std::tuple<Tensor, Tensor> inverse_rope_group_quant(const Tensor& o, const Tenso
   args.x_scale = static_cast<uint8_t*>(x_scale.data_ptr());
   args.scale_token_stride = num_groups * (d / group_size);
   args.scale_group_stride = d / group_size;
+  args.scale_block_stride = 1;
   run_group_quant(args, o, kOp);
   return {x_fp8, x_scale};
 }
@@ -102,9 +103,9 @@ void inverse_rope_group_quant_out(const Tensor& o, const Tensor& positions, cons
   check_contiguous(x_fp8, kOp, "x_fp8");
   check_dtype(x_scale, kOp, "x_scale", {ScalarType::Byte, ScalarType::Float8_e8m0fnu});
   STD_TORCH_CHECK(x_scale.dim() == 3 && x_scale.size(0) == o.size(0) && x_scale.size(1) == num_groups &&
-                      x_scale.size(2) == d / group_size && (x_scale.size(2) <= 1 || x_scale.stride(2) == 1),
-                  kOp, ": x_scale must have shape [", o.size(0), ", ", num_groups, ", ", d / group_size,
-                  "] with a unit last stride, got ", shape_string(x_scale));
+                      x_scale.size(2) == d / group_size,
+                  kOp, ": x_scale must have shape [", o.size(0), ", ", num_groups, ", ", d / group_size, "], got ",
+                  shape_string(x_scale));
   check_same_device(o, "o", x_fp8, "x_fp8", kOp);
   check_no_self_overlap(x_scale, kOp, "x_scale");
   check_same_device(o, "o", x_scale, "x_scale", kOp);
@@ -114,6 +115,7 @@ void inverse_rope_group_quant_out(const Tensor& o, const Tensor& positions, cons
   args.x_scale = static_cast<uint8_t*>(x_scale.data_ptr());
   args.scale_token_stride = x_scale.stride(0);
   args.scale_group_stride = x_scale.stride(1);
+  args.scale_block_stride = x_scale.stride(2);
   run_group_quant(args, o, kOp);
 }
 

@@ -33,7 +33,7 @@ TEST(ModelWoA, InverseRopeGroupQuantMatchesCpuBytes) {
           std::vector<uint8_t> x_got(kTokens * kHeads * 512, 0xAA), x_want = x_got;
           std::vector<uint8_t> s_got(kTokens * kHeads * 4 + 3, 0xAA), s_want = s_got;
           dsv4::InverseRopeGroupQuantArgs args{o.data(), {cos_sin.data(), false, kPositions, positions.data(), false},
-                                               rotated, x_got.data(), s_got.data(), groups * d / 128, d / 128,
+                                               rotated, x_got.data(), s_got.data(), groups * d / 128, d / 128, 1,
                                                kTokens, kHeads, groups, 128, format, quant_max};
           ASSERT_EQ(dsv4::gpu::launch_inverse_rope_group_quant(args, nullptr), dsv4::LaunchStatus::kOk);
           args.x_fp8 = x_want.data();
@@ -57,8 +57,9 @@ TEST(ModelWoA, InverseRopeGroupQuantMatchesCpuBytes) {
   EXPECT_TRUE(same_bytes(got, want));
 }
 
-// The quantizer's other forms: group sizes 32 and 64, scale rows with padding (the non-flat scale store), a
-// bf16 cos / sin table with int64 positions, inputs that are not 16-byte aligned (the element-wise path).
+// The quantizer's other forms: group sizes 32 and 64, scale rows with padding and scale bytes 1 or 2 apart (the
+// non-flat scale store), a bf16 cos / sin table with int64 positions, inputs that are not 16-byte aligned (the
+// element-wise path).
 TEST(ModelWoA, InverseRopeGroupQuantOtherForms) {
   Random random(36);
   constexpr int64_t kTokens = 5, kHeads = 2, kPositions = 16;
@@ -69,20 +70,25 @@ TEST(ModelWoA, InverseRopeGroupQuantOtherForms) {
   const std::vector<int64_t> positions = {3, 0, 15, 99, -1};
   for (int64_t group_size : {32, 64}) {
     for (int64_t shift : {0, 1}) {  // elements of o (and bytes of x) off the allocation's 16-byte alignment
-      const int64_t groups = 2, d = kHeads * 512 / groups, blocks = d / group_size, pad = 3;
-      std::vector<uint8_t> x_got(kTokens * kHeads * 512 + 16, 0xAA), x_want = x_got;
-      std::vector<uint8_t> s_got(kTokens * groups * (blocks + pad), 0xAA), s_want = s_got;
-      dsv4::InverseRopeGroupQuantArgs args{o.data() + shift,
-                                           {cos_sin_bf16.data(), true, kPositions, positions.data(), true},
-                                           true, x_got.data() + shift, s_got.data(), groups * (blocks + pad),
-                                           blocks + pad, kTokens, kHeads, groups, group_size,
-                                           chip_format(), chip_quant_max()};
-      ASSERT_EQ(dsv4::gpu::launch_inverse_rope_group_quant(args, nullptr), dsv4::LaunchStatus::kOk);
-      args.x_fp8 = x_want.data() + shift;
-      args.x_scale = s_want.data();
-      dsv4::cpu::inverse_rope_group_quant(args, 0, kTokens);
-      EXPECT_TRUE(same_bytes(x_got, x_want)) << "group size " << group_size << " shift " << shift;
-      EXPECT_TRUE(same_bytes(s_got, s_want)) << "group size " << group_size << " shift " << shift;
+      for (int64_t block_stride : {1, 2}) {
+        const int64_t groups = 2, d = kHeads * 512 / groups, blocks = d / group_size, pad = 3;
+        const int64_t group_stride = blocks * block_stride + pad;
+        std::vector<uint8_t> x_got(kTokens * kHeads * 512 + 16, 0xAA), x_want = x_got;
+        std::vector<uint8_t> s_got(kTokens * groups * group_stride, 0xAA), s_want = s_got;
+        dsv4::InverseRopeGroupQuantArgs args{o.data() + shift,
+                                             {cos_sin_bf16.data(), true, kPositions, positions.data(), true},
+                                             true, x_got.data() + shift, s_got.data(), groups * group_stride,
+                                             group_stride, block_stride, kTokens, kHeads, groups, group_size,
+                                             chip_format(), chip_quant_max()};
+        ASSERT_EQ(dsv4::gpu::launch_inverse_rope_group_quant(args, nullptr), dsv4::LaunchStatus::kOk);
+        args.x_fp8 = x_want.data() + shift;
+        args.x_scale = s_want.data();
+        dsv4::cpu::inverse_rope_group_quant(args, 0, kTokens);
+        const std::string what = "group size " + std::to_string(group_size) + " shift " + std::to_string(shift) +
+                                 " block stride " + std::to_string(block_stride);
+        EXPECT_TRUE(same_bytes(x_got, x_want)) << what;
+        EXPECT_TRUE(same_bytes(s_got, s_want)) << what;
+      }
     }
   }
 }

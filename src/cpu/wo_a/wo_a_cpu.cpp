@@ -47,7 +47,7 @@ void quantize_token(const InverseRopeGroupQuantArgs& args, int64_t token, const 
       const float inverse = ds_mla::ue8m0_inverse_scale(byte);
       uint8_t* out = args.x_fp8 + (token * args.groups + g) * d + k * args.group_size;
       for (int64_t i = 0; i < args.group_size; ++i) out[i] = fp8_encode_clamped<F>(x[i] * inverse, args.quant_max);
-      args.x_scale[token * args.scale_token_stride + g * args.scale_group_stride + k] = byte;
+      args.x_scale[token * args.scale_token_stride + g * args.scale_group_stride + k * args.scale_block_stride] = byte;
     }
   }
 }

@@ -10,7 +10,8 @@
 namespace dsv4 {
 
 // o bf16 [tokens, heads, 512] contiguous -> x_fp8 [tokens, groups, D] (D = heads * 512 / groups,
-// contiguous) and x_scale bytes [tokens, groups, D / group_size] at the given strides (last one 1).
+// contiguous) and x_scale bytes [tokens, groups, D / group_size] at the given strides (spec §3.6: the "row"
+// layout honours any strides).
 struct InverseRopeGroupQuantArgs {
   const uint16_t* o;
   RopeTable rope;
@@ -19,6 +20,7 @@ struct InverseRopeGroupQuantArgs {
   uint8_t* x_scale;
   int64_t scale_token_stride;
   int64_t scale_group_stride;
+  int64_t scale_block_stride;  // between the scale bytes of one (token, group)
   int64_t tokens;
   int64_t heads;
   int64_t groups;

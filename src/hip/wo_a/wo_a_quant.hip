@@ -162,7 +162,7 @@ __global__ void __launch_bounds__(kElementwiseThreads)
         const IndexSplit token_head = divide_index(row, args.heads);
         const IndexSplit gk = divide_index(token_head.remainder * kHeadDim + lane, args.heads * kHeadDim / args.groups);
         args.x_scale[token_head.quotient * args.scale_token_stride + gk.quotient * args.scale_group_stride +
-                     gk.remainder / kGroupLanes] = byte;
+                     gk.remainder / kGroupLanes * args.scale_block_stride] = byte;
       }
     }
   }
@@ -232,7 +232,8 @@ LaunchStatus launch_inverse_rope_group_quant(const InverseRopeGroupQuantArgs& ar
   const bool vector = is_aligned(args.o, 16) && is_aligned(args.x_fp8, 16);
   const int64_t group_scales = args.heads * kHeadDim / args.groups / args.group_size;  // per (token, group)
   const bool flat_scales = (args.groups == 1 || args.scale_group_stride == group_scales) &&
-                           args.scale_token_stride == args.groups * group_scales;
+                           args.scale_token_stride == args.groups * group_scales &&
+                           (group_scales == 1 || args.scale_block_stride == 1);
   const auto hip_stream = static_cast<hipStream_t>(stream);
   with_fp8_format(args.format, [&](auto tag) {
     if (args.rope.bf16) {
