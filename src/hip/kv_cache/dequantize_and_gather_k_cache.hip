@@ -98,12 +98,13 @@ DSV4_DEVICE void finish_row(const RowLoad& load, uint16_t* out, int lane, const 
 // one wave (one_wave_blocks).
 template <Fp8Format F>
 __global__ void __launch_bounds__(kElementwiseThreads, 4) dequantize_and_gather_kernel(KvGatherArgs args) {
-  wait_for_previous_kernel();  // launched to overlap the kernel before it (launch_overlapping)
+  // The decode table reads no input, so it is built while the kernel before this one finishes.
   __shared__ float decoded[256];
   for (int code = threadIdx.x; code < 256; code += blockDim.x) {
     decoded[code] = ds_mla::dequantize_nope_value<F>(static_cast<uint8_t>(code), 1.0f);
   }
   __syncthreads();
+  wait_for_previous_kernel();  // launched to overlap the kernel before it (launch_overlapping)
   const int lane = threadIdx.x % kThreadsPerToken;
   const int64_t first = static_cast<int64_t>(blockIdx.x) * kTokensPerBlock + threadIdx.x / kThreadsPerToken;
   const int64_t stride = static_cast<int64_t>(gridDim.x) * kTokensPerBlock;
