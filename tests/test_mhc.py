@@ -313,7 +313,7 @@ def _pre_args(**over):
         (dict(residual=R.float()), "residual must have dtype bfloat16"),
         (dict(residual=torch.zeros(2, 3, 128, dtype=torch.bfloat16)), r"residual must have shape \[tokens, 4, hidden\]"),
         (dict(residual=torch.zeros(2, 4, 96, dtype=torch.bfloat16)), "hidden must be a positive multiple of 64"),
-        (dict(residual=R.transpose(0, 1)), "residual must have shape|must be contiguous"),
+        (dict(residual=R.transpose(0, 1)), r"residual must have shape \[tokens, 4, hidden\]"),
         (dict(fn=FN[:, :256]), r"fn must have shape \[24, 512\]"),
         (dict(fn=FN.double()), "fn must have dtype float32"),
         (dict(scale=SCALE[:2]), r"scale must have shape \[3\]"),
@@ -342,10 +342,52 @@ def test_post_invalid_inputs():
         torch.ops.dsv4.mhc_post(x, R, post.double(), comb)
 
 
-def _misaligned(*shape, dtype=torch.bfloat16):
-    """A contiguous tensor whose data starts one element (2 or 4 bytes) past a 16-byte boundary."""
-    numel = torch.Size(shape).numel()
-    return torch.zeros(numel + 8, dtype=dtype)[1 : 1 + numel].view(shape)
+def _misaligned(t):
+    """A contiguous copy of t whose data starts one element (2 or 4 bytes) past a 16-byte boundary."""
+    storage = torch.empty(t.numel() + 16, dtype=t.dtype, device=t.device)
+    out = storage[1 : 1 + t.numel()].view(t.shape).copy_(t)
+    assert out.is_contiguous() and out.data_ptr() % 16
+    return out
+
+
+def _strided(t):
+    """A copy of t whose last dim has stride 2 (a view into a buffer twice its size; a one-element dim stays
+    contiguous, whatever its stride)."""
+    out = torch.zeros(*t.shape[:-1], 2 * t.shape[-1], dtype=t.dtype, device=t.device)[..., ::2].copy_(t)
+    assert t.shape[-1] == 1 or not out.is_contiguous()
+    return out
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("layout", [_misaligned, _strided])
+def test_ops_accept_misaligned_and_strided_inputs(device, layout):
+    """Every tensor argument of the four ops in another layout than the kernels read (a strided view, or a
+    contiguous one off 16-byte alignment): the op copies it, and gives the same bits as for dense inputs."""
+    t, hidden = 5, 256
+    residual = streams(t, hidden, seed=44).to(device)
+    x = torch.randn(t, hidden, generator=torch.Generator().manual_seed(45)).to(torch.bfloat16).to(device)
+    fn, scale, base = to(device, *params(hidden, seed=46))
+    weight = (torch.rand(hidden, generator=torch.Generator().manual_seed(47)) + 0.5).to(torch.bfloat16).to(device)
+    post, comb, _ = torch.ops.dsv4.mhc_pre(residual, fn, scale, base, EPS, EPS, EPS, 2.0, 20, None, EPS)
+    head = (fn[:4].contiguous(), scale[:1].contiguous(), base[:4].contiguous())
+    calls = {
+        "mhc_pre": lambda r, x, f, s, b, w, hf, hs, hb: torch.ops.dsv4.mhc_pre(r, f, s, b, EPS, EPS, EPS, 2.0, 20, w,
+                                                                                EPS),
+        "mhc_post": lambda r, x, f, s, b, w, hf, hs, hb: (torch.ops.dsv4.mhc_post(x, r, post, comb),),
+        "mhc_fused_post_pre": lambda r, x, f, s, b, w, hf, hs, hb: torch.ops.dsv4.mhc_fused_post_pre(
+            x, r, post, comb, f, s, b, EPS, EPS, EPS, 2.0, 20, w, EPS),
+        "hc_head": lambda r, x, f, s, b, w, hf, hs, hb: (torch.ops.dsv4.hc_head(r, hf, hs, hb, EPS, EPS),),
+    }
+    dense = (residual, x, fn, scale, base, weight, *head)
+    for name, call in calls.items():
+        want = call(*dense)
+        for i in range(len(dense)):  # one argument at a time in the other layout
+            args = list(dense)
+            args[i] = layout(args[i])
+            for g, w in zip(call(*args), want):
+                assert_bits_equal(g.cpu(), w.cpu())
+        for g, w in zip(call(*(layout(a) for a in dense)), want):  # and all of them at once
+            assert_bits_equal(g.cpu(), w.cpu())
 
 
 def _too_many_tokens(*row):
@@ -371,18 +413,13 @@ def _head_args(**over):
         (dict(residual=torch.zeros(2, 4, 96, dtype=torch.bfloat16)), "hidden must be a positive multiple of 64, got 96"),
         (dict(residual=torch.zeros(2, 4, 0, dtype=torch.bfloat16)), "hidden must be a positive multiple of 64, got 0"),
         (dict(residual=_too_many_tokens(4, 64), fn=torch.zeros(4, 256)), r"at most 2\^31 - 1 tokens, got 2147483648"),
-        (dict(residual=torch.zeros(2, 4, 256, dtype=torch.bfloat16)[..., ::2]), "residual must be contiguous"),
-        (dict(residual=_misaligned(2, 4, 128)), "residual must start 16-byte aligned"),
         (dict(fn=FN), r"fn must have shape \[4, 512\], got \[24, 512\]"),  # the sub-layer's fn: 24 mixes
         (dict(fn=HEAD_FN[:, :256]), r"fn must have shape \[4, 512\], got \[4, 256\]"),
         (dict(fn=HEAD_FN.double()), "fn must have dtype float32, got float64"),
-        (dict(fn=HEAD_FN.t().contiguous().t()), "fn must be contiguous"),
-        (dict(fn=_misaligned(4, 512, dtype=torch.float32)), "fn must start 16-byte aligned"),
         (dict(scale=SCALE), r"scale must have shape \[1\], got \[3\]"),
         (dict(scale=HEAD_SCALE.double()), "scale must have dtype float32, got float64"),
         (dict(base=BASE), r"base must have shape \[4\], got \[24\]"),
         (dict(base=HEAD_BASE.half()), "base must have dtype float32, got float16"),
-        (dict(base=torch.zeros(4, 2)[:, 0]), "base must be contiguous"),
         (dict(rms_eps=float("nan")), "rms_eps must be finite and >= 0, got nan"),
         (dict(eps=-1.0), "dsv4.hc_head: pre_eps must be finite and >= 0, got -1"),  # eps is reported as pre_eps
         (dict(eps=float("inf")), "pre_eps must be finite and >= 0, got inf"),
@@ -411,16 +448,12 @@ def _fused_args(**over):
         (dict(x=X.float()), "x must have dtype bfloat16, got float32"),
         (dict(x=X[:1]), r"x must have shape \[2, 128\], got \[1, 128\]"),
         (dict(x=torch.zeros(2, 64, dtype=torch.bfloat16)), r"x must have shape \[2, 128\], got \[2, 64\]"),
-        (dict(x=torch.zeros(2, 256, dtype=torch.bfloat16)[:, ::2]), "x must be contiguous"),
-        (dict(x=_misaligned(2, 128)), "x must start 16-byte aligned"),
         (dict(residual=R.float()), "residual must have dtype bfloat16, got float32"),
         (dict(residual=torch.zeros(2, 3, 128, dtype=torch.bfloat16)),
          r"residual must have shape \[tokens, 4, hidden\] \(hc_mult 4\), got \[2, 3, 128\]"),
         (dict(residual=torch.zeros(2, 4, 96, dtype=torch.bfloat16)), "hidden must be a positive multiple of 64, got 96"),
         (dict(residual=torch.zeros(3, 4, 128, dtype=torch.bfloat16)), r"x must have shape \[3, 128\], got \[2, 128\]"),
         (dict(residual=_too_many_tokens(4, 64)), r"at most 2\^31 - 1 tokens, got 2147483648"),
-        (dict(residual=R.transpose(0, 1).contiguous().transpose(0, 1)), "residual must be contiguous"),
-        (dict(residual=_misaligned(2, 4, 128)), "residual must start 16-byte aligned"),
         (dict(post_mix=POST.double()), "post_mix must have dtype float32, got float64"),
         (dict(post_mix=torch.zeros(2, 3)), r"post_mix must have shape \[2, 4, 1\] or \[2, 4\], got \[2, 3\]"),
         (dict(post_mix=torch.zeros(3, 4, 1)), r"post_mix must have shape \[2, 4, 1\] or \[2, 4\], got \[3, 4, 1\]"),
@@ -432,7 +465,6 @@ def _fused_args(**over):
         (dict(fn=FN[:, :256]), r"fn must have shape \[24, 512\], got \[24, 256\]"),
         (dict(fn=HEAD_FN), r"fn must have shape \[24, 512\], got \[4, 512\]"),  # the head's fn: 4 mixes
         (dict(fn=FN.double()), "fn must have dtype float32, got float64"),
-        (dict(fn=_misaligned(24, 512, dtype=torch.float32)), "fn must start 16-byte aligned"),
         (dict(scale=SCALE[:2]), r"scale must have shape \[3\], got \[2\]"),
         (dict(scale=SCALE.double()), "scale must have dtype float32, got float64"),
         (dict(base=BASE[:4]), r"base must have shape \[24\], got \[4\]"),
@@ -700,20 +732,18 @@ def test_wrappers_use_the_kernel(device):
     assert dsv4ops.fallback_counts() == {}, "every call above is the kernel's"
 
 
-def test_wrappers_fall_back_for_misaligned_rows_and_fp32_norm_weight(caplog):
+def test_wrappers_serve_misaligned_rows_and_fall_back_for_an_fp32_norm_weight(caplog):
     caplog.set_level(logging.INFO, logger="dsv4ops")
-    storage = torch.randn(2 * 4 * 256 + 1).to(torch.bfloat16)
-    residual = storage[1:].view(2, 4, 256)  # contiguous but 2 bytes off 16-byte alignment
+    residual = _misaligned(streams(2, 256, seed=27))  # contiguous but 2 bytes off 16-byte alignment
     fn, scale, base = params(256, seed=28)
     got = dsv4ops.mhc_pre(residual, fn, scale, base)
-    assert "the kernel needs 16-byte aligned rows" in caplog.text
-    want = reference.mhc_pre(residual, fn, scale, base)
+    assert dsv4ops.fallback_counts() == {}, "the op copies a misaligned residual: the kernel serves it"
+    want = torch.ops.dsv4.mhc_pre(residual.clone(), fn, scale, base, EPS, EPS, EPS, 2.0, 20, None, EPS)
     assert_bits_equal(got[2], want[2])
     weight = torch.rand(256)
-    aligned = residual.clone()
-    got = dsv4ops.mhc_pre(aligned, fn, scale, base, norm_weight=weight)
+    got = dsv4ops.mhc_pre(residual, fn, scale, base, norm_weight=weight)
     assert "the kernel takes a bf16 norm_weight" in caplog.text
-    assert_bits_equal(got[2], reference.mhc_pre(aligned, fn, scale, base, norm_weight=weight, norm_eps=1e-6)[2])
+    assert_bits_equal(got[2], reference.mhc_pre(residual, fn, scale, base, norm_weight=weight, norm_eps=1e-6)[2])
 
 
 def test_wrappers_reference_fallback_at_zero_tokens_and_for_an_fp32_x(caplog):

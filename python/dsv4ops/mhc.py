@@ -12,8 +12,8 @@ Each op goes to the first backend of BACKEND_ORDER[arch family] that can serve t
 The TileLang path never appears for gfx942 (spec §6: it gives wrong results there, vLLM PR #45931), nor
 for other wave64 AMD parts (spec §10 U5). Every call not served by the kernel is counted
 (dsv4ops.fallback_counts()) and its reason logged once. The kernels read residual, x, fn and norm_weight 16
-bytes at a time: eagerly, a misaligned one goes to the next backend; under torch.compile, where addresses are
-unknown while tracing, the op refuses it with a message (copy such a view with .clone() first).
+bytes at a time: the ops copy a strided or misaligned one to aligned memory first (eagerly and under
+torch.compile alike).
 """
 
 from __future__ import annotations
@@ -104,8 +104,8 @@ def select_backend(arch: str, hc_mult: int, hidden: int, kernel_reason: Optional
     raise AssertionError("every BACKEND_ORDER entry ends with the reference")
 
 
-def _kernel_fit(residual: torch.Tensor, tensors: Sequence[Optional[torch.Tensor]], x: Optional[torch.Tensor] = None,
-                fn: Optional[torch.Tensor] = None, norm_weight: Optional[torch.Tensor] = None) -> Optional[str]:
+def _kernel_fit(residual: torch.Tensor, tensors: Sequence[Optional[torch.Tensor]],
+                x: Optional[torch.Tensor] = None) -> Optional[str]:
     """None when the kernel can serve the call, else why not. The reasons name no token count: each is logged
     and counted once, and a model calls with many."""
     if residual.dim() != 3:
@@ -121,18 +121,12 @@ def _kernel_fit(residual: torch.Tensor, tensors: Sequence[Optional[torch.Tensor]
     for t in tensors:
         if t is not None and t.device != residual.device:
             return "the kernel needs every tensor on the residual's device"
-    if torch.compiler.is_compiling():
-        return None  # addresses are unknown while tracing: a misaligned input is refused by the op itself
-    for t in (residual, x, fn, norm_weight):  # what the kernels read 16 bytes at a time
-        if t is not None and t.is_contiguous() and t.data_ptr() % 16:  # non-contiguous: copied to aligned memory
-            return "the kernel needs 16-byte aligned rows (residual, x, fn, norm_weight)"
-    return None
+    return None  # layout and alignment: the ops copy what the kernels cannot read in place
 
 
 def _choose(op: str, residual: torch.Tensor, tensors: Sequence[Optional[torch.Tensor]],
-            norm_weight: Optional[torch.Tensor] = None, x: Optional[torch.Tensor] = None,
-            fn: Optional[torch.Tensor] = None) -> str:
-    fit = _kernel_fit(residual, tensors, x, fn, norm_weight)
+            norm_weight: Optional[torch.Tensor] = None, x: Optional[torch.Tensor] = None) -> str:
+    fit = _kernel_fit(residual, tensors, x)
     if fit is None and norm_weight is not None and norm_weight.dtype != torch.bfloat16:
         fit = f"the kernel takes a bf16 norm_weight, got {norm_weight.dtype}"
     decision = dispatch.decide(op, residual.device, lambda: fit)
@@ -160,7 +154,7 @@ def mhc_pre(residual: torch.Tensor, fn: torch.Tensor, scale: torch.Tensor, base:
     """spec §2: residual bf16 [T, 4, hidden], fn fp32 [24, 4*hidden], scale [3], base [24] ->
     (post_mix [T, 4, 1] fp32, comb_mix [T, 4, 4] fp32, layer_input [T, hidden] bf16). With norm_weight
     (bf16 [hidden]) layer_input is also RMS-normalized with that weight (fp32, one bf16 rounding)."""
-    backend = _choose("mhc_pre", residual, (fn, scale, base, norm_weight), norm_weight, fn=fn)
+    backend = _choose("mhc_pre", residual, (fn, scale, base, norm_weight), norm_weight)
     if backend == "dsv4ops":
         return torch.ops.dsv4.mhc_pre(residual.contiguous(), _float32(fn), _float32(scale), _float32(base),
                                       float(rms_eps), float(pre_eps), float(sinkhorn_eps), float(post_mult),
@@ -193,7 +187,7 @@ def mhc_fused_post_pre(x: torch.Tensor, residual: torch.Tensor, post_mix: torch.
     """spec §4: mhc_post, then the next sub-layer's mhc_pre on the bf16 new residual. Returns
     (residual_cur, post_mix_cur, comb_mix_cur, layer_input_cur)."""
     backend = _choose("mhc_fused_post_pre", residual, (x, post_mix, comb_mix, fn, scale, base, norm_weight),
-                      norm_weight, x, fn)
+                      norm_weight, x)
     if backend == "dsv4ops":
         return torch.ops.dsv4.mhc_fused_post_pre(
             x.contiguous(), residual.contiguous(), _float32(post_mix), _float32(comb_mix), _float32(fn),
@@ -213,7 +207,7 @@ def hc_head(residual: torch.Tensor, fn: torch.Tensor, scale: torch.Tensor, base:
     """spec §4: the streams collapsed with pre = sigmoid((rmsnorm(x) . fn^T) * scale + base) + eps; fn fp32
     [4, 4*hidden], scale [1], base [4] (vLLM's HCHeadOp order, as mhc_pre's scale before base). Returns bf16
     [T, hidden]."""
-    backend = _choose("hc_head", residual, (fn, scale, base), fn=fn)
+    backend = _choose("hc_head", residual, (fn, scale, base))
     if backend == "dsv4ops":
         return torch.ops.dsv4.hc_head(residual.contiguous(), _float32(fn), _float32(scale), _float32(base),
                                       float(rms_eps), float(eps))

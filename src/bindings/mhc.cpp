@@ -14,18 +14,26 @@ constexpr int64_t kVectorBytes = 16;
 // The kernels take the flattened row in 256-wide chunks and hidden dims 8 at a time.
 constexpr int64_t kHiddenMultiple = 64;
 
-void check_aligned_contiguous(const Tensor& t, const char* op, const char* arg) {
-  check_contiguous(t, op, arg);
-  STD_TORCH_CHECK(is_aligned(t.data_ptr(), kVectorBytes), op, ": ", arg, " must start 16-byte aligned");
+// The kernels read every tensor argument densely, residual, x, fn and norm_weight 16 bytes at a time: one in
+// another layout (a strided view, or a contiguous one off 16-byte alignment) is copied into a fresh, aligned
+// allocation first (spec §8 accepts a strided post_mix). The caller keeps the copy alive.
+Tensor aligned_dense(const Tensor& t) {
+  if (t.is_contiguous() && is_aligned(t.data_ptr(), kVectorBytes)) return t;
+  return t.is_contiguous() ? torch::stable::clone(t) : torch::stable::contiguous(t);
 }
 
 void check_same_device_all(const Tensor& on, std::initializer_list<const Tensor*> others, const char* op) {
   for (const Tensor* t : others) check_same_device(on, "residual", *t, "every other tensor argument", op);
 }
 
-// residual bf16 [T, 4, hidden]; returns hidden. collapses: the call runs pre's collapse kernel, a 256-thread
-// block a token (its token count is bound by one GPU grid; post's grid is capped and loops).
-int64_t checked_residual(const Tensor& residual, const char* op, bool collapses) {
+std::optional<Tensor> aligned_dense(const std::optional<Tensor>& t) {
+  return t.has_value() ? std::optional<Tensor>(aligned_dense(*t)) : std::nullopt;
+}
+
+// residual bf16 [T, 4, hidden], checked before it is copied (a huge expanded view is refused, not allocated);
+// returns its aligned_dense form. collapses: the call runs pre's collapse kernel, a 256-thread block a token (its
+// token count is bound by one GPU grid; post's grid is capped and loops).
+Tensor checked_residual(const Tensor& residual, const char* op, bool collapses) {
   check_dtype(residual, op, "residual", {ScalarType::BFloat16});
   STD_TORCH_CHECK(residual.dim() == 3 && residual.size(1) == mhc::kHcMult, op,
                   ": residual must have shape [tokens, 4, hidden] (hc_mult 4), got ", shape_string(residual));
@@ -35,31 +43,29 @@ int64_t checked_residual(const Tensor& residual, const char* op, bool collapses)
   STD_TORCH_CHECK(residual.size(0) <= std::numeric_limits<int32_t>::max(), op, ": at most 2^31 - 1 tokens, got ",
                   residual.size(0));
   if (collapses) check_gpu_grid_rows(residual, residual.size(0), 1, 256, op, "tokens");
-  check_aligned_contiguous(residual, op, "residual");
-  return hidden;
+  return aligned_dense(residual);
 }
 
 void check_vector(const Tensor& t, int64_t length, const char* op, const char* arg) {
   check_dtype(t, op, arg, {ScalarType::Float});
   STD_TORCH_CHECK(t.dim() == 1 && t.size(0) == length, op, ": ", arg, " must have shape [", length, "], got ",
                   shape_string(t));
-  check_contiguous(t, op, arg);
 }
 
 void check_eps(double value, const char* op, const char* arg) {
   STD_TORCH_CHECK(std::isfinite(value) && value >= 0, op, ": ", arg, " must be finite and >= 0, got ", value);
 }
 
-// Checks the pre/head parameters and fills everything but the outputs.
+// Checks the pre/head parameters (residual from checked_residual, the others in their aligned_dense form) and fills
+// everything but the outputs.
 MhcPreArgs checked_pre(const Tensor& residual, const Tensor& fn, const Tensor& scale, const Tensor& base, int mixes,
                        int scales, double rms_eps, double pre_eps, double sinkhorn_eps, double post_mult,
                        int64_t sinkhorn_iters, const std::optional<Tensor>& norm_weight, double norm_eps,
                        const char* op) {
-  const int64_t hidden = checked_residual(residual, op, /*collapses=*/true);
+  const int64_t hidden = residual.size(2);
   check_dtype(fn, op, "fn", {ScalarType::Float});
   STD_TORCH_CHECK(fn.dim() == 2 && fn.size(0) == mixes && fn.size(1) == mhc::kHcMult * hidden, op,
                   ": fn must have shape [", mixes, ", ", mhc::kHcMult * hidden, "], got ", shape_string(fn));
-  check_aligned_contiguous(fn, op, "fn");
   check_vector(scale, scales, op, "scale");
   check_vector(base, mixes, op, "base");
   check_eps(rms_eps, op, "rms_eps");
@@ -74,7 +80,6 @@ MhcPreArgs checked_pre(const Tensor& residual, const Tensor& fn, const Tensor& s
     check_dtype(*norm_weight, op, "norm_weight", {ScalarType::BFloat16});
     STD_TORCH_CHECK(norm_weight->dim() == 1 && norm_weight->size(0) == hidden, op, ": norm_weight must have shape [",
                     hidden, "], got ", shape_string(*norm_weight));
-    check_aligned_contiguous(*norm_weight, op, "norm_weight");
     check_eps(norm_eps, op, "norm_eps");
     check_same_device_all(residual, {&*norm_weight}, op);
     args.norm_weight = static_cast<const uint16_t*>(norm_weight->data_ptr());
@@ -125,8 +130,11 @@ std::tuple<Tensor, Tensor, Tensor> mhc_pre(const Tensor& residual, const Tensor&
                                            double post_mult, int64_t sinkhorn_iters,
                                            const std::optional<Tensor>& norm_weight, double norm_eps) {
   constexpr const char* kOp = "dsv4.mhc_pre";
-  MhcPreArgs args = checked_pre(residual, fn, scale, base, mhc::kPreMixes, 3, rms_eps, pre_eps, sinkhorn_eps,
-                                post_mult, sinkhorn_iters, norm_weight, norm_eps, kOp);
+  const Tensor residual_in = checked_residual(residual, kOp, /*collapses=*/true);
+  const Tensor fn_in = aligned_dense(fn), scale_in = aligned_dense(scale), base_in = aligned_dense(base);
+  const std::optional<Tensor> norm_weight_in = aligned_dense(norm_weight);
+  MhcPreArgs args = checked_pre(residual_in, fn_in, scale_in, base_in, mhc::kPreMixes, 3, rms_eps, pre_eps,
+                                sinkhorn_eps, post_mult, sinkhorn_iters, norm_weight_in, norm_eps, kOp);
   const int64_t t = args.tokens;
   Tensor post_mix = torch::stable::new_empty(residual, {t, int64_t{mhc::kHcMult}, 1}, ScalarType::Float);
   Tensor comb_mix = torch::stable::new_empty(residual, {t, int64_t{mhc::kHcMult}, int64_t{mhc::kHcMult}},
@@ -135,34 +143,32 @@ std::tuple<Tensor, Tensor, Tensor> mhc_pre(const Tensor& residual, const Tensor&
   args.post_mix = static_cast<float*>(post_mix.data_ptr());
   args.comb_mix = static_cast<float*>(comb_mix.data_ptr());
   args.out = static_cast<uint16_t*>(layer_input.data_ptr());
-  run_pre(args, residual, kOp);
+  run_pre(args, residual_in, kOp);
   return {post_mix, comb_mix, layer_input};
 }
 
 Tensor hc_head(const Tensor& residual, const Tensor& fn, const Tensor& scale, const Tensor& base, double rms_eps,
                double eps) {
   constexpr const char* kOp = "dsv4.hc_head";
-  MhcPreArgs args = checked_pre(residual, fn, scale, base, mhc::kHeadMixes, 1, rms_eps, eps, 0.0, 1.0, 1,
-                                std::nullopt, 0.0, kOp);
+  const Tensor residual_in = checked_residual(residual, kOp, /*collapses=*/true);
+  const Tensor fn_in = aligned_dense(fn), scale_in = aligned_dense(scale), base_in = aligned_dense(base);
+  MhcPreArgs args = checked_pre(residual_in, fn_in, scale_in, base_in, mhc::kHeadMixes, 1, rms_eps, eps, 0.0, 1.0,
+                                1, std::nullopt, 0.0, kOp);
   Tensor out = torch::stable::new_empty(residual, {args.tokens, args.hidden});
   args.out = static_cast<uint16_t*>(out.data_ptr());
-  run_pre(args, residual, kOp);
+  run_pre(args, residual_in, kOp);
   return out;
 }
 
-// post_mix and comb_mix in any layout (spec §8: a strided post_mix is accepted): the kernels read them
-// densely, so a strided one is copied (a few floats a token); the caller keeps the copy alive.
-Tensor dense(const Tensor& t) { return t.is_contiguous() ? t : torch::stable::contiguous(t); }
-
-// Checks the post inputs (post_mix and comb_mix dense: see dense()) and fills everything but the output.
+// Checks the post inputs (residual from checked_residual, the others in their aligned_dense form) and fills
+// everything but the output.
 MhcPostArgs checked_post(const Tensor& x, const Tensor& residual, const Tensor& post_mix, const Tensor& comb_mix,
                          const char* op) {
-  const int64_t hidden = checked_residual(residual, op, /*collapses=*/false);
+  const int64_t hidden = residual.size(2);
   const int64_t t = residual.size(0);
   check_dtype(x, op, "x", {ScalarType::BFloat16});
   STD_TORCH_CHECK(x.dim() == 2 && x.size(0) == t && x.size(1) == hidden, op, ": x must have shape [", t, ", ",
                   hidden, "], got ", shape_string(x));
-  check_aligned_contiguous(x, op, "x");
   check_dtype(post_mix, op, "post_mix", {ScalarType::Float});
   const bool post_shape = (post_mix.dim() == 3 && post_mix.size(2) == 1) || post_mix.dim() == 2;
   STD_TORCH_CHECK(post_shape && post_mix.size(0) == t && post_mix.size(1) == mhc::kHcMult, op,
@@ -179,13 +185,13 @@ MhcPostArgs checked_post(const Tensor& x, const Tensor& residual, const Tensor& 
 
 Tensor mhc_post(const Tensor& x, const Tensor& residual, const Tensor& post_mix, const Tensor& comb_mix) {
   constexpr const char* kOp = "dsv4.mhc_post";
-  const Tensor post_dense = dense(post_mix);
-  const Tensor comb_dense = dense(comb_mix);
-  MhcPostArgs args = checked_post(x, residual, post_dense, comb_dense, kOp);
+  const Tensor residual_in = checked_residual(residual, kOp, /*collapses=*/false);
+  const Tensor x_in = aligned_dense(x), post_in = aligned_dense(post_mix), comb_in = aligned_dense(comb_mix);
+  MhcPostArgs args = checked_post(x_in, residual_in, post_in, comb_in, kOp);
   Tensor out = torch::stable::new_empty(residual, {args.tokens, int64_t{mhc::kHcMult}, args.hidden});
   args.out = static_cast<uint16_t*>(out.data_ptr());
   run_on_device(
-      residual, args.tokens, kOp, [&](int64_t b, int64_t e) { cpu::mhc_post(args, b, e); },
+      residual_in, args.tokens, kOp, [&](int64_t b, int64_t e) { cpu::mhc_post(args, b, e); },
       [&]([[maybe_unused]] void* stream) { return DSV4_GPU_LAUNCH(gpu::launch_mhc_post(args, stream)); },
       /*cpu_grain=*/4);
   return out;
@@ -200,12 +206,14 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> mhc_fused_post_pre(
     const Tensor& scale, const Tensor& base, double rms_eps, double pre_eps, double sinkhorn_eps, double post_mult,
     int64_t sinkhorn_iters, const std::optional<Tensor>& norm_weight, double norm_eps) {
   constexpr const char* kOp = "dsv4.mhc_fused_post_pre";
-  const Tensor post_dense = dense(post_mix);
-  const Tensor comb_dense = dense(comb_mix);
-  MhcPostArgs post = checked_post(x, residual, post_dense, comb_dense, kOp);
+  const Tensor residual_in = checked_residual(residual, kOp, /*collapses=*/true);
+  const Tensor x_in = aligned_dense(x), post_in = aligned_dense(post_mix), comb_in = aligned_dense(comb_mix);
+  const Tensor fn_in = aligned_dense(fn), scale_in = aligned_dense(scale), base_in = aligned_dense(base);
+  const std::optional<Tensor> norm_weight_in = aligned_dense(norm_weight);
+  MhcPostArgs post = checked_post(x_in, residual_in, post_in, comb_in, kOp);
   // pre's checks on the old residual: the new one has its shape, dtype and device.
-  MhcPreArgs pre = checked_pre(residual, fn, scale, base, mhc::kPreMixes, 3, rms_eps, pre_eps, sinkhorn_eps, post_mult,
-                               sinkhorn_iters, norm_weight, norm_eps, kOp);
+  MhcPreArgs pre = checked_pre(residual_in, fn_in, scale_in, base_in, mhc::kPreMixes, 3, rms_eps, pre_eps,
+                               sinkhorn_eps, post_mult, sinkhorn_iters, norm_weight_in, norm_eps, kOp);
   const int64_t t = post.tokens;
   Tensor new_residual = torch::stable::new_empty(residual, {t, int64_t{mhc::kHcMult}, post.hidden});
   Tensor post_out = torch::stable::new_empty(residual, {t, int64_t{mhc::kHcMult}, 1}, ScalarType::Float);
@@ -217,9 +225,9 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> mhc_fused_post_pre(
   pre.post_mix = static_cast<float*>(post_out.data_ptr());
   pre.comb_mix = static_cast<float*>(comb_out.data_ptr());
   pre.out = static_cast<uint16_t*>(layer_input.data_ptr());
-  std::optional<Tensor> workspace = pre_workspace(pre, residual);
+  std::optional<Tensor> workspace = pre_workspace(pre, residual_in);
   run_on_device(
-      residual, t, kOp,
+      residual_in, t, kOp,
       [&](int64_t b, int64_t e) {
         cpu::mhc_post(post, b, e);
         cpu::mhc_pre(pre, b, e);
