@@ -448,6 +448,10 @@ def _fused_args(**over):
         (dict(x=X.float()), "x must have dtype bfloat16, got float32"),
         (dict(x=X[:1]), r"x must have shape \[2, 128\], got \[1, 128\]"),
         (dict(x=torch.zeros(2, 64, dtype=torch.bfloat16)), r"x must have shape \[2, 128\], got \[2, 64\]"),
+        # checked before the op copies a view it cannot read in place: nothing is allocated for these
+        (dict(x=torch.zeros(1, 128, dtype=torch.bfloat16).expand(2**31, 128)),
+         r"x must have shape \[2, 128\], got \[2147483648, 128\]"),
+        (dict(fn=torch.zeros(1, 512).expand(2**31, 512)), r"fn must have shape \[24, 512\], got \[2147483648, 512\]"),
         (dict(residual=R.float()), "residual must have dtype bfloat16, got float32"),
         (dict(residual=torch.zeros(2, 3, 128, dtype=torch.bfloat16)),
          r"residual must have shape \[tokens, 4, hidden\] \(hc_mult 4\), got \[2, 3, 128\]"),

@@ -3,6 +3,7 @@
 #include <limits>
 #include <optional>
 #include <tuple>
+#include <vector>
 
 #include "common.h"
 #include "cpu/mhc/mhc_cpu.h"
@@ -14,26 +15,24 @@ constexpr int64_t kVectorBytes = 16;
 // The kernels take the flattened row in 256-wide chunks and hidden dims 8 at a time.
 constexpr int64_t kHiddenMultiple = 64;
 
-// The kernels read every tensor argument densely, residual, x, fn and norm_weight 16 bytes at a time: one in
-// another layout (a strided view, or a contiguous one off 16-byte alignment) is copied into a fresh, aligned
-// allocation first (spec §8 accepts a strided post_mix). The caller keeps the copy alive.
-Tensor aligned_dense(const Tensor& t) {
-  if (t.is_contiguous() && is_aligned(t.data_ptr(), kVectorBytes)) return t;
-  return t.is_contiguous() ? torch::stable::clone(t) : torch::stable::contiguous(t);
+// The data of `t` as the kernels read it: dense, and 16-byte aligned (residual, x, fn and norm_weight are read
+// 16 bytes at a time). A tensor in another layout, a strided view or a contiguous one off that alignment, is
+// copied into a fresh allocation kept in `copies` for the call (spec §8 accepts a strided post_mix). Called after
+// the tensor's checks, so that a refused argument (say a huge expanded view) is never copied.
+template <class T>
+const T* readable(const Tensor& t, std::vector<Tensor>& copies) {
+  if (t.is_contiguous() && is_aligned(t.data_ptr(), kVectorBytes)) return static_cast<const T*>(t.data_ptr());
+  copies.push_back(t.is_contiguous() ? torch::stable::clone(t) : torch::stable::contiguous(t));
+  return static_cast<const T*>(copies.back().data_ptr());
 }
 
 void check_same_device_all(const Tensor& on, std::initializer_list<const Tensor*> others, const char* op) {
   for (const Tensor* t : others) check_same_device(on, "residual", *t, "every other tensor argument", op);
 }
 
-std::optional<Tensor> aligned_dense(const std::optional<Tensor>& t) {
-  return t.has_value() ? std::optional<Tensor>(aligned_dense(*t)) : std::nullopt;
-}
-
-// residual bf16 [T, 4, hidden], checked before it is copied (a huge expanded view is refused, not allocated);
-// returns its aligned_dense form. collapses: the call runs pre's collapse kernel, a 256-thread block a token (its
-// token count is bound by one GPU grid; post's grid is capped and loops).
-Tensor checked_residual(const Tensor& residual, const char* op, bool collapses) {
+// residual bf16 [T, 4, hidden]; returns hidden. collapses: the call runs pre's collapse kernel, a 256-thread
+// block a token (its token count is bound by one GPU grid; post's grid is capped and loops).
+int64_t checked_residual(const Tensor& residual, const char* op, bool collapses) {
   check_dtype(residual, op, "residual", {ScalarType::BFloat16});
   STD_TORCH_CHECK(residual.dim() == 3 && residual.size(1) == mhc::kHcMult, op,
                   ": residual must have shape [tokens, 4, hidden] (hc_mult 4), got ", shape_string(residual));
@@ -43,7 +42,7 @@ Tensor checked_residual(const Tensor& residual, const char* op, bool collapses) 
   STD_TORCH_CHECK(residual.size(0) <= std::numeric_limits<int32_t>::max(), op, ": at most 2^31 - 1 tokens, got ",
                   residual.size(0));
   if (collapses) check_gpu_grid_rows(residual, residual.size(0), 1, 256, op, "tokens");
-  return aligned_dense(residual);
+  return hidden;
 }
 
 void check_vector(const Tensor& t, int64_t length, const char* op, const char* arg) {
@@ -56,13 +55,13 @@ void check_eps(double value, const char* op, const char* arg) {
   STD_TORCH_CHECK(std::isfinite(value) && value >= 0, op, ": ", arg, " must be finite and >= 0, got ", value);
 }
 
-// Checks the pre/head parameters (residual from checked_residual, the others in their aligned_dense form) and fills
-// everything but the outputs.
+// Checks the pre/head parameters and fills everything but the residual's data (the caller's: the fused op reads
+// the new residual) and the outputs; tensors the kernels cannot read in place are copied into `copies`.
 MhcPreArgs checked_pre(const Tensor& residual, const Tensor& fn, const Tensor& scale, const Tensor& base, int mixes,
                        int scales, double rms_eps, double pre_eps, double sinkhorn_eps, double post_mult,
                        int64_t sinkhorn_iters, const std::optional<Tensor>& norm_weight, double norm_eps,
-                       const char* op) {
-  const int64_t hidden = residual.size(2);
+                       const char* op, std::vector<Tensor>& copies) {
+  const int64_t hidden = checked_residual(residual, op, /*collapses=*/true);
   check_dtype(fn, op, "fn", {ScalarType::Float});
   STD_TORCH_CHECK(fn.dim() == 2 && fn.size(0) == mixes && fn.size(1) == mhc::kHcMult * hidden, op,
                   ": fn must have shape [", mixes, ", ", mhc::kHcMult * hidden, "], got ", shape_string(fn));
@@ -82,13 +81,12 @@ MhcPreArgs checked_pre(const Tensor& residual, const Tensor& fn, const Tensor& s
                     hidden, "], got ", shape_string(*norm_weight));
     check_eps(norm_eps, op, "norm_eps");
     check_same_device_all(residual, {&*norm_weight}, op);
-    args.norm_weight = static_cast<const uint16_t*>(norm_weight->data_ptr());
+    args.norm_weight = readable<uint16_t>(*norm_weight, copies);
   }
   args.norm_eps = static_cast<float>(norm_eps);
-  args.residual = static_cast<const uint16_t*>(residual.data_ptr());
-  args.fn = static_cast<const float*>(fn.data_ptr());
-  args.scale = static_cast<const float*>(scale.data_ptr());
-  args.base = static_cast<const float*>(base.data_ptr());
+  args.fn = readable<float>(fn, copies);
+  args.scale = readable<float>(scale, copies);
+  args.base = readable<float>(base, copies);
   args.tokens = residual.size(0);
   args.hidden = hidden;
   args.mixes = mixes;
@@ -130,11 +128,10 @@ std::tuple<Tensor, Tensor, Tensor> mhc_pre(const Tensor& residual, const Tensor&
                                            double post_mult, int64_t sinkhorn_iters,
                                            const std::optional<Tensor>& norm_weight, double norm_eps) {
   constexpr const char* kOp = "dsv4.mhc_pre";
-  const Tensor residual_in = checked_residual(residual, kOp, /*collapses=*/true);
-  const Tensor fn_in = aligned_dense(fn), scale_in = aligned_dense(scale), base_in = aligned_dense(base);
-  const std::optional<Tensor> norm_weight_in = aligned_dense(norm_weight);
-  MhcPreArgs args = checked_pre(residual_in, fn_in, scale_in, base_in, mhc::kPreMixes, 3, rms_eps, pre_eps,
-                                sinkhorn_eps, post_mult, sinkhorn_iters, norm_weight_in, norm_eps, kOp);
+  std::vector<Tensor> copies;
+  MhcPreArgs args = checked_pre(residual, fn, scale, base, mhc::kPreMixes, 3, rms_eps, pre_eps, sinkhorn_eps,
+                                post_mult, sinkhorn_iters, norm_weight, norm_eps, kOp, copies);
+  args.residual = readable<uint16_t>(residual, copies);
   const int64_t t = args.tokens;
   Tensor post_mix = torch::stable::new_empty(residual, {t, int64_t{mhc::kHcMult}, 1}, ScalarType::Float);
   Tensor comb_mix = torch::stable::new_empty(residual, {t, int64_t{mhc::kHcMult}, int64_t{mhc::kHcMult}},
@@ -143,28 +140,28 @@ std::tuple<Tensor, Tensor, Tensor> mhc_pre(const Tensor& residual, const Tensor&
   args.post_mix = static_cast<float*>(post_mix.data_ptr());
   args.comb_mix = static_cast<float*>(comb_mix.data_ptr());
   args.out = static_cast<uint16_t*>(layer_input.data_ptr());
-  run_pre(args, residual_in, kOp);
+  run_pre(args, residual, kOp);
   return {post_mix, comb_mix, layer_input};
 }
 
 Tensor hc_head(const Tensor& residual, const Tensor& fn, const Tensor& scale, const Tensor& base, double rms_eps,
                double eps) {
   constexpr const char* kOp = "dsv4.hc_head";
-  const Tensor residual_in = checked_residual(residual, kOp, /*collapses=*/true);
-  const Tensor fn_in = aligned_dense(fn), scale_in = aligned_dense(scale), base_in = aligned_dense(base);
-  MhcPreArgs args = checked_pre(residual_in, fn_in, scale_in, base_in, mhc::kHeadMixes, 1, rms_eps, eps, 0.0, 1.0,
-                                1, std::nullopt, 0.0, kOp);
+  std::vector<Tensor> copies;
+  MhcPreArgs args = checked_pre(residual, fn, scale, base, mhc::kHeadMixes, 1, rms_eps, eps, 0.0, 1.0, 1,
+                                std::nullopt, 0.0, kOp, copies);
+  args.residual = readable<uint16_t>(residual, copies);
   Tensor out = torch::stable::new_empty(residual, {args.tokens, args.hidden});
   args.out = static_cast<uint16_t*>(out.data_ptr());
-  run_pre(args, residual_in, kOp);
+  run_pre(args, residual, kOp);
   return out;
 }
 
-// Checks the post inputs (residual from checked_residual, the others in their aligned_dense form) and fills
-// everything but the output.
+// Checks the post inputs and fills everything but the output; tensors the kernels cannot read in place are
+// copied into `copies`.
 MhcPostArgs checked_post(const Tensor& x, const Tensor& residual, const Tensor& post_mix, const Tensor& comb_mix,
-                         const char* op) {
-  const int64_t hidden = residual.size(2);
+                         const char* op, std::vector<Tensor>& copies) {
+  const int64_t hidden = checked_residual(residual, op, /*collapses=*/false);
   const int64_t t = residual.size(0);
   check_dtype(x, op, "x", {ScalarType::BFloat16});
   STD_TORCH_CHECK(x.dim() == 2 && x.size(0) == t && x.size(1) == hidden, op, ": x must have shape [", t, ", ",
@@ -178,20 +175,18 @@ MhcPostArgs checked_post(const Tensor& x, const Tensor& residual, const Tensor& 
                       comb_mix.size(2) == mhc::kHcMult,
                   op, ": comb_mix must have shape [", t, ", 4, 4], got ", shape_string(comb_mix));
   check_same_device_all(residual, {&x, &post_mix, &comb_mix}, op);
-  return MhcPostArgs{static_cast<const uint16_t*>(x.data_ptr()), static_cast<const uint16_t*>(residual.data_ptr()),
-                     static_cast<const float*>(post_mix.data_ptr()), static_cast<const float*>(comb_mix.data_ptr()),
-                     nullptr, t, hidden};
+  return MhcPostArgs{readable<uint16_t>(x, copies), readable<uint16_t>(residual, copies),
+                     readable<float>(post_mix, copies), readable<float>(comb_mix, copies), nullptr, t, hidden};
 }
 
 Tensor mhc_post(const Tensor& x, const Tensor& residual, const Tensor& post_mix, const Tensor& comb_mix) {
   constexpr const char* kOp = "dsv4.mhc_post";
-  const Tensor residual_in = checked_residual(residual, kOp, /*collapses=*/false);
-  const Tensor x_in = aligned_dense(x), post_in = aligned_dense(post_mix), comb_in = aligned_dense(comb_mix);
-  MhcPostArgs args = checked_post(x_in, residual_in, post_in, comb_in, kOp);
+  std::vector<Tensor> copies;
+  MhcPostArgs args = checked_post(x, residual, post_mix, comb_mix, kOp, copies);
   Tensor out = torch::stable::new_empty(residual, {args.tokens, int64_t{mhc::kHcMult}, args.hidden});
   args.out = static_cast<uint16_t*>(out.data_ptr());
   run_on_device(
-      residual_in, args.tokens, kOp, [&](int64_t b, int64_t e) { cpu::mhc_post(args, b, e); },
+      residual, args.tokens, kOp, [&](int64_t b, int64_t e) { cpu::mhc_post(args, b, e); },
       [&]([[maybe_unused]] void* stream) { return DSV4_GPU_LAUNCH(gpu::launch_mhc_post(args, stream)); },
       /*cpu_grain=*/4);
   return out;
@@ -206,14 +201,11 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> mhc_fused_post_pre(
     const Tensor& scale, const Tensor& base, double rms_eps, double pre_eps, double sinkhorn_eps, double post_mult,
     int64_t sinkhorn_iters, const std::optional<Tensor>& norm_weight, double norm_eps) {
   constexpr const char* kOp = "dsv4.mhc_fused_post_pre";
-  const Tensor residual_in = checked_residual(residual, kOp, /*collapses=*/true);
-  const Tensor x_in = aligned_dense(x), post_in = aligned_dense(post_mix), comb_in = aligned_dense(comb_mix);
-  const Tensor fn_in = aligned_dense(fn), scale_in = aligned_dense(scale), base_in = aligned_dense(base);
-  const std::optional<Tensor> norm_weight_in = aligned_dense(norm_weight);
-  MhcPostArgs post = checked_post(x_in, residual_in, post_in, comb_in, kOp);
+  std::vector<Tensor> copies;
+  MhcPostArgs post = checked_post(x, residual, post_mix, comb_mix, kOp, copies);
   // pre's checks on the old residual: the new one has its shape, dtype and device.
-  MhcPreArgs pre = checked_pre(residual_in, fn_in, scale_in, base_in, mhc::kPreMixes, 3, rms_eps, pre_eps,
-                               sinkhorn_eps, post_mult, sinkhorn_iters, norm_weight_in, norm_eps, kOp);
+  MhcPreArgs pre = checked_pre(residual, fn, scale, base, mhc::kPreMixes, 3, rms_eps, pre_eps, sinkhorn_eps, post_mult,
+                               sinkhorn_iters, norm_weight, norm_eps, kOp, copies);
   const int64_t t = post.tokens;
   Tensor new_residual = torch::stable::new_empty(residual, {t, int64_t{mhc::kHcMult}, post.hidden});
   Tensor post_out = torch::stable::new_empty(residual, {t, int64_t{mhc::kHcMult}, 1}, ScalarType::Float);
@@ -225,9 +217,9 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> mhc_fused_post_pre(
   pre.post_mix = static_cast<float*>(post_out.data_ptr());
   pre.comb_mix = static_cast<float*>(comb_out.data_ptr());
   pre.out = static_cast<uint16_t*>(layer_input.data_ptr());
-  std::optional<Tensor> workspace = pre_workspace(pre, residual_in);
+  std::optional<Tensor> workspace = pre_workspace(pre, residual);
   run_on_device(
-      residual_in, t, kOp,
+      residual, t, kOp,
       [&](int64_t b, int64_t e) {
         cpu::mhc_post(post, b, e);
         cpu::mhc_pre(pre, b, e);
