@@ -371,14 +371,14 @@ def test_ops_accept_misaligned_and_strided_inputs(device, layout):
     post, comb, _ = torch.ops.dsv4.mhc_pre(residual, fn, scale, base, EPS, EPS, EPS, 2.0, 20, None, EPS)
     head = (fn[:4].contiguous(), scale[:1].contiguous(), base[:4].contiguous())
     calls = {
-        "mhc_pre": lambda r, x, f, s, b, w, hf, hs, hb: torch.ops.dsv4.mhc_pre(r, f, s, b, EPS, EPS, EPS, 2.0, 20, w,
-                                                                                EPS),
-        "mhc_post": lambda r, x, f, s, b, w, hf, hs, hb: (torch.ops.dsv4.mhc_post(x, r, post, comb),),
-        "mhc_fused_post_pre": lambda r, x, f, s, b, w, hf, hs, hb: torch.ops.dsv4.mhc_fused_post_pre(
-            x, r, post, comb, f, s, b, EPS, EPS, EPS, 2.0, 20, w, EPS),
-        "hc_head": lambda r, x, f, s, b, w, hf, hs, hb: (torch.ops.dsv4.hc_head(r, hf, hs, hb, EPS, EPS),),
+        "mhc_pre": lambda r, x, f, s, b, w, p, c, hf, hs, hb: torch.ops.dsv4.mhc_pre(r, f, s, b, EPS, EPS, EPS, 2.0,
+                                                                                      20, w, EPS),
+        "mhc_post": lambda r, x, f, s, b, w, p, c, hf, hs, hb: (torch.ops.dsv4.mhc_post(x, r, p, c),),
+        "mhc_fused_post_pre": lambda r, x, f, s, b, w, p, c, hf, hs, hb: torch.ops.dsv4.mhc_fused_post_pre(
+            x, r, p, c, f, s, b, EPS, EPS, EPS, 2.0, 20, w, EPS),
+        "hc_head": lambda r, x, f, s, b, w, p, c, hf, hs, hb: (torch.ops.dsv4.hc_head(r, hf, hs, hb, EPS, EPS),),
     }
-    dense = (residual, x, fn, scale, base, weight, *head)
+    dense = (residual, x, fn, scale, base, weight, post, comb, *head)
     for name, call in calls.items():
         want = call(*dense)
         for i in range(len(dense)):  # one argument at a time in the other layout
@@ -452,6 +452,11 @@ def _fused_args(**over):
         (dict(x=torch.zeros(1, 128, dtype=torch.bfloat16).expand(2**31, 128)),
          r"x must have shape \[2, 128\], got \[2147483648, 128\]"),
         (dict(fn=torch.zeros(1, 512).expand(2**31, 512)), r"fn must have shape \[24, 512\], got \[2147483648, 512\]"),
+        # post's inputs valid (2^28 tokens of expanded rows, 128 GiB if copied), pre's fn not: refused, nothing copied
+        (dict(x=torch.zeros(1, 64, dtype=torch.bfloat16).expand(2**28, 64),
+              residual=torch.zeros(1, 4, 64, dtype=torch.bfloat16).expand(2**28, 4, 64),
+              post_mix=torch.zeros(1, 4, 1).expand(2**28, 4, 1), comb_mix=torch.zeros(1, 4, 4).expand(2**28, 4, 4)),
+         r"fn must have shape \[24, 256\], got \[24, 512\]"),
         (dict(residual=R.float()), "residual must have dtype bfloat16, got float32"),
         (dict(residual=torch.zeros(2, 3, 128, dtype=torch.bfloat16)),
          r"residual must have shape \[tokens, 4, hidden\] \(hc_mult 4\), got \[2, 3, 128\]"),
@@ -505,6 +510,13 @@ def test_opcheck(device):
                           (x, residual, post, comb, fn, scale, base, EPS, EPS, EPS, 2.0, 20, None, EPS))
     head_fn, head_scale, head_base = to(device, *params(128, mixes=4, scales=1, seed=18))
     torch.library.opcheck(torch.ops.dsv4.hc_head.default, (residual, head_fn, head_scale, head_base, EPS, EPS))
+    # a strided residual (the ops copy it; their outputs are contiguous all the same) and a misaligned x
+    strided = residual.transpose(0, 1).contiguous().transpose(0, 1)
+    torch.library.opcheck(torch.ops.dsv4.mhc_pre.default, (strided, fn, scale, base, EPS, EPS, EPS, 2.0, 20, None, EPS))
+    torch.library.opcheck(torch.ops.dsv4.mhc_post.default, (_misaligned(x), strided, post, comb))
+    torch.library.opcheck(torch.ops.dsv4.mhc_fused_post_pre.default,
+                          (x, strided, post, comb, fn, scale, base, EPS, EPS, EPS, 2.0, 20, None, EPS))
+    torch.library.opcheck(torch.ops.dsv4.hc_head.default, (strided, head_fn, head_scale, head_base, EPS, EPS))
 
 
 @pytest.mark.parametrize("device", DEVICES)

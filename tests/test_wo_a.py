@@ -128,8 +128,8 @@ def test_group_quant_nan_and_inf_lanes(device):
     assert_bytes_equal(scale, want[1])
 
 
-# x_scale views of a larger buffer, "row" layout at any strides (spec §3.6): (buffer shape, the [5, 2, 32] view, the
-# view's complement in the buffer, which must keep its bytes).
+# x_scale views of a buffer, "row" layout at any non-overlapping strides (spec §3.6): (buffer shape, the [5, 2, 32]
+# view, the view's complement in the buffer, which must keep its bytes; empty where the view covers the buffer).
 _STRIDED_SCALES = {
     "padded rows": ((5, 2, 40), lambda b: b[:, :, :32], lambda b: b[:, :, 32:]),
     "every other byte": ((5, 2, 64), lambda b: b[:, :, ::2], lambda b: b[:, :, 1::2]),
@@ -153,6 +153,23 @@ def test_group_quant_out_form_with_strided_scale(device, layout):
     assert_bytes_equal(x, want[0])
     assert_bytes_equal(view(buffer), want[1])
     assert bool((rest(buffer) == 7).all()), "bytes outside the scale view are untouched"
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_group_quant_out_form_with_every_other_scale_byte_of_one_group(device):
+    """One token, one group of 4 scale blocks, the scale bytes 2 apart: the token and group strides are those of
+    a dense [1, 1, 4], so only the block stride tells the GPU kernel's dense store path from the strided one."""
+    o = attention_output(1, 1, seed=5)
+    positions, cos_sin = torch.arange(1), rope_table(4)
+    want = reference.inverse_rope_group_quant(o, positions, cos_sin, 1, 128, 0, 448.0, True)
+    buffer = torch.full((8,), 7, dtype=torch.uint8, device=device)
+    x_scale = buffer.as_strided((1, 1, 4), (4, 4, 2))
+    x = torch.empty(1, 1, 512, dtype=torch.float8_e4m3fn, device=device)
+    torch.ops.dsv4.inverse_rope_group_quant.out(o.to(device), positions.to(device), cos_sin.to(device), 1, 128, 0,
+                                                448.0, True, x_fp8=x, x_scale=x_scale)
+    assert_bytes_equal(x, want[0])
+    assert_bytes_equal(x_scale, want[1])
+    assert bool((buffer[1::2] == 7).all()), "the bytes between the scale bytes are untouched"
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -477,6 +494,11 @@ def _group_quant_scale_in_payload():
             torch.zeros(2, 8, 512, dtype=torch.bfloat16), torch.arange(2), rope_table(8), 2, 128, 0, 448.0, True,
             x_fp8=torch.empty(2, 2, 2048, dtype=torch.float8_e4m3fn),
             x_scale=torch.zeros(1, 2, 16, dtype=torch.uint8).expand(2, 2, 16)),
+         "x_scale must not overlap itself"),
+        (lambda: torch.ops.dsv4.inverse_rope_group_quant.out(
+            torch.zeros(2, 8, 512, dtype=torch.bfloat16), torch.arange(2), rope_table(8), 2, 128, 0, 448.0, True,
+            x_fp8=torch.empty(2, 2, 2048, dtype=torch.float8_e4m3fn),
+            x_scale=torch.zeros(2, 2, 1, dtype=torch.uint8).expand(2, 2, 16)),
          "x_scale must not overlap itself"),
         (lambda: _bmm_out_over_x(), "x must not overlap out"),
         (lambda: _group_quant_scale_in_payload(), "x_fp8 must not overlap x_scale"),

@@ -97,13 +97,13 @@ def _mhc_pre(residual, fn, scale, base, rms_eps, pre_eps, sinkhorn_eps, post_mul
 
 @torch.library.register_fake("dsv4::mhc_post")
 def _mhc_post(x, residual, post_mix, comb_mix):
-    return torch.empty_like(residual)
+    return residual.new_empty(residual.shape)  # contiguous, whatever the residual's layout
 
 
 @torch.library.register_fake("dsv4::mhc_fused_post_pre")
 def _mhc_fused_post_pre(x, residual, post_mix, comb_mix, fn, scale, base, rms_eps, pre_eps, sinkhorn_eps, post_mult,
                         sinkhorn_iters, norm_weight, norm_eps):
-    return (torch.empty_like(residual),) + _mhc_pre_outputs(residual)
+    return (residual.new_empty(residual.shape),) + _mhc_pre_outputs(residual)
 
 
 @torch.library.register_fake("dsv4::hc_head")

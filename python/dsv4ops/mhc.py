@@ -145,7 +145,8 @@ def _choose(op: str, residual: torch.Tensor, tensors: Sequence[Optional[torch.Te
 
 
 def _float32(t: torch.Tensor) -> torch.Tensor:
-    return t if t.dtype == torch.float32 and t.is_contiguous() else t.to(torch.float32).contiguous()
+    """The op takes fp32 parameters; their layout is its own concern (it copies after its checks)."""
+    return t if t.dtype == torch.float32 else t.to(torch.float32)
 
 
 def mhc_pre(residual: torch.Tensor, fn: torch.Tensor, scale: torch.Tensor, base: torch.Tensor,
@@ -156,11 +157,9 @@ def mhc_pre(residual: torch.Tensor, fn: torch.Tensor, scale: torch.Tensor, base:
     (bf16 [hidden]) layer_input is also RMS-normalized with that weight (fp32, one bf16 rounding)."""
     backend = _choose("mhc_pre", residual, (fn, scale, base, norm_weight), norm_weight)
     if backend == "dsv4ops":
-        return torch.ops.dsv4.mhc_pre(residual.contiguous(), _float32(fn), _float32(scale), _float32(base),
-                                      float(rms_eps), float(pre_eps), float(sinkhorn_eps), float(post_mult),
-                                      int(sinkhorn_iters),
-                                      None if norm_weight is None else norm_weight.contiguous(),
-                                      float(norm_eps))
+        return torch.ops.dsv4.mhc_pre(residual, _float32(fn), _float32(scale), _float32(base), float(rms_eps),
+                                      float(pre_eps), float(sinkhorn_eps), float(post_mult), int(sinkhorn_iters),
+                                      norm_weight, float(norm_eps))
     if backend != "reference":
         return _adapters[backend].mhc_pre(residual, fn, scale, base, rms_eps, pre_eps, sinkhorn_eps, post_mult,
                                           sinkhorn_iters, norm_weight, norm_eps)
@@ -173,7 +172,7 @@ def mhc_post(x: torch.Tensor, residual: torch.Tensor, post_mix: torch.Tensor, co
     [T, 4]. Returns bf16 [T, 4, hidden]."""
     backend = _choose("mhc_post", residual, (x, post_mix, comb_mix), x=x)
     if backend == "dsv4ops":
-        return torch.ops.dsv4.mhc_post(x.contiguous(), residual.contiguous(), _float32(post_mix), _float32(comb_mix))
+        return torch.ops.dsv4.mhc_post(x, residual, _float32(post_mix), _float32(comb_mix))
     if backend != "reference":
         return _adapters[backend].mhc_post(x, residual, post_mix, comb_mix)
     return reference.mhc_post(x, residual, post_mix, comb_mix)
@@ -190,9 +189,8 @@ def mhc_fused_post_pre(x: torch.Tensor, residual: torch.Tensor, post_mix: torch.
                       norm_weight, x)
     if backend == "dsv4ops":
         return torch.ops.dsv4.mhc_fused_post_pre(
-            x.contiguous(), residual.contiguous(), _float32(post_mix), _float32(comb_mix), _float32(fn),
-            _float32(scale), _float32(base), float(rms_eps), float(pre_eps), float(sinkhorn_eps), float(post_mult),
-            int(sinkhorn_iters), None if norm_weight is None else norm_weight.contiguous(),
+            x, residual, _float32(post_mix), _float32(comb_mix), _float32(fn), _float32(scale), _float32(base),
+            float(rms_eps), float(pre_eps), float(sinkhorn_eps), float(post_mult), int(sinkhorn_iters), norm_weight,
             float(norm_eps))
     if backend != "reference":
         return _adapters[backend].mhc_fused_post_pre(x, residual, post_mix, comb_mix, fn, scale, base, rms_eps,
@@ -209,8 +207,8 @@ def hc_head(residual: torch.Tensor, fn: torch.Tensor, scale: torch.Tensor, base:
     [T, hidden]."""
     backend = _choose("hc_head", residual, (fn, scale, base))
     if backend == "dsv4ops":
-        return torch.ops.dsv4.hc_head(residual.contiguous(), _float32(fn), _float32(scale), _float32(base),
-                                      float(rms_eps), float(eps))
+        return torch.ops.dsv4.hc_head(residual, _float32(fn), _float32(scale), _float32(base), float(rms_eps),
+                                      float(eps))
     if backend != "reference":
         return _adapters[backend].hc_head(residual, fn, scale, base, rms_eps, eps)
     return reference.hc_head(residual, fn, scale, base, rms_eps, eps)

@@ -15,13 +15,17 @@ constexpr int64_t kVectorBytes = 16;
 // The kernels take the flattened row in 256-wide chunks and hidden dims 8 at a time.
 constexpr int64_t kHiddenMultiple = 64;
 
-// The data of `t` as the kernels read it: dense, and 16-byte aligned (residual, x, fn and norm_weight are read
-// 16 bytes at a time). A tensor in another layout, a strided view or a contiguous one off that alignment, is
-// copied into a fresh allocation kept in `copies` for the call (spec §8 accepts a strided post_mix). Called after
-// the tensor's checks, so that a refused argument (say a huge expanded view) is never copied.
+// How the kernels read a tensor argument: densely, and residual, x, fn and norm_weight 16 bytes at a time.
+enum class Reads { kScalars, kVectors };
+
+// The data of `t` as the kernels read it. A tensor in another layout (a strided view, or for vector reads one off
+// 16-byte alignment) is copied into a fresh allocation kept in `copies` for the call (spec §8 accepts a strided
+// post_mix). Called once every argument of the call is checked, so that a call refused for any reason (say with a
+// huge expanded view) copies nothing.
 template <class T>
-const T* readable(const Tensor& t, std::vector<Tensor>& copies) {
-  if (t.is_contiguous() && is_aligned(t.data_ptr(), kVectorBytes)) return static_cast<const T*>(t.data_ptr());
+const T* readable(const Tensor& t, Reads reads, std::vector<Tensor>& copies) {
+  const bool aligned = reads == Reads::kScalars || is_aligned(t.data_ptr(), kVectorBytes);
+  if (t.is_contiguous() && aligned) return static_cast<const T*>(t.data_ptr());
   copies.push_back(t.is_contiguous() ? torch::stable::clone(t) : torch::stable::contiguous(t));
   return static_cast<const T*>(copies.back().data_ptr());
 }
@@ -55,12 +59,11 @@ void check_eps(double value, const char* op, const char* arg) {
   STD_TORCH_CHECK(std::isfinite(value) && value >= 0, op, ": ", arg, " must be finite and >= 0, got ", value);
 }
 
-// Checks the pre/head parameters and fills everything but the residual's data (the caller's: the fused op reads
-// the new residual) and the outputs; tensors the kernels cannot read in place are copied into `copies`.
+// Checks the pre/head parameters and fills the sizes and the configuration (the data: read_pre_inputs).
 MhcPreArgs checked_pre(const Tensor& residual, const Tensor& fn, const Tensor& scale, const Tensor& base, int mixes,
                        int scales, double rms_eps, double pre_eps, double sinkhorn_eps, double post_mult,
                        int64_t sinkhorn_iters, const std::optional<Tensor>& norm_weight, double norm_eps,
-                       const char* op, std::vector<Tensor>& copies) {
+                       const char* op) {
   const int64_t hidden = checked_residual(residual, op, /*collapses=*/true);
   check_dtype(fn, op, "fn", {ScalarType::Float});
   STD_TORCH_CHECK(fn.dim() == 2 && fn.size(0) == mixes && fn.size(1) == mhc::kHcMult * hidden, op,
@@ -81,12 +84,8 @@ MhcPreArgs checked_pre(const Tensor& residual, const Tensor& fn, const Tensor& s
                     hidden, "], got ", shape_string(*norm_weight));
     check_eps(norm_eps, op, "norm_eps");
     check_same_device_all(residual, {&*norm_weight}, op);
-    args.norm_weight = readable<uint16_t>(*norm_weight, copies);
   }
   args.norm_eps = static_cast<float>(norm_eps);
-  args.fn = readable<float>(fn, copies);
-  args.scale = readable<float>(scale, copies);
-  args.base = readable<float>(base, copies);
   args.tokens = residual.size(0);
   args.hidden = hidden;
   args.mixes = mixes;
@@ -94,6 +93,16 @@ MhcPreArgs checked_pre(const Tensor& residual, const Tensor& fn, const Tensor& s
                                static_cast<float>(sinkhorn_eps), static_cast<float>(post_mult),
                                static_cast<int>(sinkhorn_iters)};
   return args;
+}
+
+// The parameters' data, after every check of the call (the residual's is the caller's: the fused op's pre reads
+// the new residual).
+void read_pre_inputs(MhcPreArgs& args, const Tensor& fn, const Tensor& scale, const Tensor& base,
+                     const std::optional<Tensor>& norm_weight, std::vector<Tensor>& copies) {
+  args.fn = readable<float>(fn, Reads::kVectors, copies);
+  args.scale = readable<float>(scale, Reads::kScalars, copies);
+  args.base = readable<float>(base, Reads::kScalars, copies);
+  if (norm_weight.has_value()) args.norm_weight = readable<uint16_t>(*norm_weight, Reads::kVectors, copies);
 }
 
 // The GPU workspace of the pre kernels (partial sums, pre weights, split fn), sized and recorded in args;
@@ -128,10 +137,11 @@ std::tuple<Tensor, Tensor, Tensor> mhc_pre(const Tensor& residual, const Tensor&
                                            double post_mult, int64_t sinkhorn_iters,
                                            const std::optional<Tensor>& norm_weight, double norm_eps) {
   constexpr const char* kOp = "dsv4.mhc_pre";
-  std::vector<Tensor> copies;
   MhcPreArgs args = checked_pre(residual, fn, scale, base, mhc::kPreMixes, 3, rms_eps, pre_eps, sinkhorn_eps,
-                                post_mult, sinkhorn_iters, norm_weight, norm_eps, kOp, copies);
-  args.residual = readable<uint16_t>(residual, copies);
+                                post_mult, sinkhorn_iters, norm_weight, norm_eps, kOp);
+  std::vector<Tensor> copies;
+  read_pre_inputs(args, fn, scale, base, norm_weight, copies);
+  args.residual = readable<uint16_t>(residual, Reads::kVectors, copies);
   const int64_t t = args.tokens;
   Tensor post_mix = torch::stable::new_empty(residual, {t, int64_t{mhc::kHcMult}, 1}, ScalarType::Float);
   Tensor comb_mix = torch::stable::new_empty(residual, {t, int64_t{mhc::kHcMult}, int64_t{mhc::kHcMult}},
@@ -147,20 +157,20 @@ std::tuple<Tensor, Tensor, Tensor> mhc_pre(const Tensor& residual, const Tensor&
 Tensor hc_head(const Tensor& residual, const Tensor& fn, const Tensor& scale, const Tensor& base, double rms_eps,
                double eps) {
   constexpr const char* kOp = "dsv4.hc_head";
-  std::vector<Tensor> copies;
   MhcPreArgs args = checked_pre(residual, fn, scale, base, mhc::kHeadMixes, 1, rms_eps, eps, 0.0, 1.0, 1,
-                                std::nullopt, 0.0, kOp, copies);
-  args.residual = readable<uint16_t>(residual, copies);
+                                std::nullopt, 0.0, kOp);
+  std::vector<Tensor> copies;
+  read_pre_inputs(args, fn, scale, base, std::nullopt, copies);
+  args.residual = readable<uint16_t>(residual, Reads::kVectors, copies);
   Tensor out = torch::stable::new_empty(residual, {args.tokens, args.hidden});
   args.out = static_cast<uint16_t*>(out.data_ptr());
   run_pre(args, residual, kOp);
   return out;
 }
 
-// Checks the post inputs and fills everything but the output; tensors the kernels cannot read in place are
-// copied into `copies`.
+// Checks the post inputs and fills the sizes (the data: read_post_inputs).
 MhcPostArgs checked_post(const Tensor& x, const Tensor& residual, const Tensor& post_mix, const Tensor& comb_mix,
-                         const char* op, std::vector<Tensor>& copies) {
+                         const char* op) {
   const int64_t hidden = checked_residual(residual, op, /*collapses=*/false);
   const int64_t t = residual.size(0);
   check_dtype(x, op, "x", {ScalarType::BFloat16});
@@ -175,14 +185,23 @@ MhcPostArgs checked_post(const Tensor& x, const Tensor& residual, const Tensor& 
                       comb_mix.size(2) == mhc::kHcMult,
                   op, ": comb_mix must have shape [", t, ", 4, 4], got ", shape_string(comb_mix));
   check_same_device_all(residual, {&x, &post_mix, &comb_mix}, op);
-  return MhcPostArgs{readable<uint16_t>(x, copies), readable<uint16_t>(residual, copies),
-                     readable<float>(post_mix, copies), readable<float>(comb_mix, copies), nullptr, t, hidden};
+  return MhcPostArgs{nullptr, nullptr, nullptr, nullptr, nullptr, t, hidden};
+}
+
+// The post inputs' data, after every check of the call.
+void read_post_inputs(MhcPostArgs& args, const Tensor& x, const Tensor& residual, const Tensor& post_mix,
+                      const Tensor& comb_mix, std::vector<Tensor>& copies) {
+  args.x = readable<uint16_t>(x, Reads::kVectors, copies);
+  args.residual = readable<uint16_t>(residual, Reads::kVectors, copies);
+  args.post_mix = readable<float>(post_mix, Reads::kScalars, copies);
+  args.comb_mix = readable<float>(comb_mix, Reads::kScalars, copies);
 }
 
 Tensor mhc_post(const Tensor& x, const Tensor& residual, const Tensor& post_mix, const Tensor& comb_mix) {
   constexpr const char* kOp = "dsv4.mhc_post";
+  MhcPostArgs args = checked_post(x, residual, post_mix, comb_mix, kOp);
   std::vector<Tensor> copies;
-  MhcPostArgs args = checked_post(x, residual, post_mix, comb_mix, kOp, copies);
+  read_post_inputs(args, x, residual, post_mix, comb_mix, copies);
   Tensor out = torch::stable::new_empty(residual, {args.tokens, int64_t{mhc::kHcMult}, args.hidden});
   args.out = static_cast<uint16_t*>(out.data_ptr());
   run_on_device(
@@ -201,11 +220,13 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> mhc_fused_post_pre(
     const Tensor& scale, const Tensor& base, double rms_eps, double pre_eps, double sinkhorn_eps, double post_mult,
     int64_t sinkhorn_iters, const std::optional<Tensor>& norm_weight, double norm_eps) {
   constexpr const char* kOp = "dsv4.mhc_fused_post_pre";
-  std::vector<Tensor> copies;
-  MhcPostArgs post = checked_post(x, residual, post_mix, comb_mix, kOp, copies);
+  MhcPostArgs post = checked_post(x, residual, post_mix, comb_mix, kOp);
   // pre's checks on the old residual: the new one has its shape, dtype and device.
   MhcPreArgs pre = checked_pre(residual, fn, scale, base, mhc::kPreMixes, 3, rms_eps, pre_eps, sinkhorn_eps, post_mult,
-                               sinkhorn_iters, norm_weight, norm_eps, kOp, copies);
+                               sinkhorn_iters, norm_weight, norm_eps, kOp);
+  std::vector<Tensor> copies;
+  read_post_inputs(post, x, residual, post_mix, comb_mix, copies);
+  read_pre_inputs(pre, fn, scale, base, norm_weight, copies);
   const int64_t t = post.tokens;
   Tensor new_residual = torch::stable::new_empty(residual, {t, int64_t{mhc::kHcMult}, post.hidden});
   Tensor post_out = torch::stable::new_empty(residual, {t, int64_t{mhc::kHcMult}, 1}, ScalarType::Float);

@@ -93,4 +93,26 @@ TEST(ModelWoA, InverseRopeGroupQuantOtherForms) {
   }
 }
 
+// The token and group strides of a dense [1, 1, 4] with the scale bytes 2 apart (one token, one group): only the
+// block stride keeps the kernel off its dense scale store.
+TEST(ModelWoA, InverseRopeGroupQuantScaleBytesApartInOneGroup) {
+  Random random(37);
+  constexpr int64_t kPositions = 4, kBlocks = 4, kBlockStride = 2;
+  const std::vector<uint16_t> o = random.bf16(512, 2.0f);
+  const std::vector<float> cos_sin = rope_table(kPositions);
+  const std::vector<int64_t> positions = {1};
+  std::vector<uint8_t> x_got(512, 0xAA), x_want = x_got;
+  std::vector<uint8_t> s_got(kBlocks * kBlockStride, 0xAA), s_want = s_got;
+  dsv4::InverseRopeGroupQuantArgs args{o.data(), {cos_sin.data(), false, kPositions, positions.data(), true},
+                                       true, x_got.data(), s_got.data(), kBlocks, kBlocks, kBlockStride, 1, 1, 1, 128,
+                                       chip_format(), chip_quant_max()};
+  ASSERT_EQ(dsv4::gpu::launch_inverse_rope_group_quant(args, nullptr), dsv4::LaunchStatus::kOk);
+  args.x_fp8 = x_want.data();
+  args.x_scale = s_want.data();
+  dsv4::cpu::inverse_rope_group_quant(args, 0, 1);
+  EXPECT_TRUE(same_bytes(x_got, x_want));
+  EXPECT_TRUE(same_bytes(s_got, s_want));
+  for (int64_t i = 1; i < kBlocks * kBlockStride; i += kBlockStride) EXPECT_EQ(s_got[i], 0xAA) << "byte " << i;
+}
+
 }  // namespace
