@@ -113,3 +113,16 @@ def test_force_beats_disable_and_unsupported_raises(monkeypatch):
     assert dsv4ops.explain("fp8_encode").uses_kernel
     with pytest.raises(RuntimeError, match="input dtype torch.float16"):
         dsv4ops.fp8_encode(torch.zeros(2, dtype=torch.float16))
+
+
+def test_wrappers_compile_fullgraph_through_the_kernel_registry_query(monkeypatch):
+    """The dispatch decision asks the op registry whether a kernel is registered for the device's dispatch key
+    (on GPUs): torch.compile cannot trace that query, so it is taken as a constant of the build. Simulated on
+    the CPU by giving it a dispatch key, as CUDA devices have."""
+    monkeypatch.setitem(dispatch._DISPATCH_KEYS, "cpu", "CPU")
+    assert dispatch.decide("inverse_rope", "cpu").uses_kernel
+    o = torch.randn(3, 2, 512).to(torch.bfloat16)
+    positions, cos_sin = torch.arange(3), torch.randn(8, 64)
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda o_: dsv4ops.inverse_rope(o_, positions, cos_sin), fullgraph=True)
+    assert torch.equal(compiled(o), torch.ops.dsv4.inverse_rope(o, positions, cos_sin))

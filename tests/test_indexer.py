@@ -429,7 +429,8 @@ def test_uint8_scales_at_any_byte_offset(device, monkeypatch):
     ks, ke = torch.zeros(m, dtype=torch.int32), torch.full((m,), n, dtype=torch.int32)
     want = reference.fp8_mqa_logits(q, k, scales, weights, ks, ke)
     assert torch.equal(reference.fp8_mqa_logits(q, k, odd, weights, ks, ke), want)
-    args = [t.to(device) for t in (q, k, odd, weights, ks, ke)]
+    odd_on_device = buffer.to(device)[1:].view(n, 4)  # .to() of the view itself would copy it aligned
+    args = [t.to(device) for t in (q, k)] + [odd_on_device] + [t.to(device) for t in (weights, ks, ke)]
     assert args[2].storage_offset() % 4 == 1
     assert_logits_match(dsv4ops.fp8_mqa_logits(*args).cpu(), want, bound=tensor_core_bound(device, q, k, scales,
                                                                                             weights))
@@ -437,7 +438,7 @@ def test_uint8_scales_at_any_byte_offset(device, monkeypatch):
     compiled = torch.compile(lambda q_: dsv4ops.fp8_mqa_logits(q_, args[1], aligned, *args[3:]), fullgraph=True)
     assert torch.equal(compiled(args[0]), dsv4ops.fp8_mqa_logits(args[0], args[1], aligned, *args[3:]))
     monkeypatch.setenv("DSV4OPS_DISABLE", "fp8_mqa_logits")
-    assert torch.equal(dsv4ops.fp8_mqa_logits(*(t.to(device) for t in (q, k, odd, weights, ks, ke))).cpu(), want)
+    assert torch.equal(dsv4ops.fp8_mqa_logits(*args).cpu(), want)
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -104,7 +104,7 @@ def test_row_strided_kv_is_read_at_its_stride(device):
     q, kv = inputs(n, h, seed=59, device="cpu")
     wide = torch.randn(n, 576).to(torch.bfloat16)
     wide[:, :512] = kv
-    strided = wide[:, :512].to(device)
+    strided = wide.to(device)[:, :512]  # .to() of the view itself would copy it contiguous
     assert not strided.is_contiguous() and strided.stride(0) == 576
     positions, slots = torch.arange(n), torch.arange(n)
     caches = [torch.zeros(2, bs * 584, dtype=torch.uint8, device=device) for _ in range(2)]

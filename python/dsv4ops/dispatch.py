@@ -32,6 +32,7 @@ _logged: set = set()
 _DISPATCH_KEYS = {"cuda": "CUDA"}  # ROCm builds register their kernels under the CUDA key too
 
 
+@torch.compiler.assume_constant_result  # a fixed fact of the build: torch.compile cannot trace the query itself
 def _has_kernel(op: str, key: str) -> bool:
     """Whether the op has a kernel registered for the dispatch key (an op without a GPU kernel in this
     build registers the CPU one only)."""
