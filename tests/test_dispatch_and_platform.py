@@ -116,11 +116,14 @@ def test_force_beats_disable_and_unsupported_raises(monkeypatch):
 
 
 def test_wrappers_compile_fullgraph_through_the_kernel_registry_query(monkeypatch):
-    """The dispatch decision asks the op registry whether a kernel is registered for the device's dispatch key
-    (on GPUs): torch.compile cannot trace that query, so it is taken as a constant of the build. Simulated on
-    the CPU by giving it a dispatch key, as CUDA devices have."""
-    monkeypatch.setitem(dispatch._DISPATCH_KEYS, "cpu", "CPU")
-    assert dispatch.decide("inverse_rope", "cpu").uses_kernel
+    """The dispatch decision asks the op registry whether a kernel is registered for the device's dispatch key:
+    torch.compile cannot trace that query, so it is taken as a constant of the build (every wrapper failed to
+    compile with fullgraph on CUDA before). The CPU takes the same path."""
+    asked = []
+    monkeypatch.setattr(torch._C, "_dispatch_has_kernel_for_dispatch_key",
+                        lambda name, key, query=torch._C._dispatch_has_kernel_for_dispatch_key: asked.append(key)
+                        or query(name, key))
+    assert dispatch.decide("inverse_rope", "cpu").uses_kernel and asked == ["CPU"]
     o = torch.randn(3, 2, 512).to(torch.bfloat16)
     positions, cos_sin = torch.arange(3), torch.randn(8, 64)
     torch._dynamo.reset()
