@@ -129,3 +129,20 @@ def test_wrappers_compile_fullgraph_through_the_kernel_registry_query(monkeypatc
     torch._dynamo.reset()
     compiled = torch.compile(lambda o_: dsv4ops.inverse_rope(o_, positions, cos_sin), fullgraph=True)
     assert torch.equal(compiled(o), torch.ops.dsv4.inverse_rope(o, positions, cos_sin))
+
+
+def test_a_fallback_decided_under_compile_is_not_logged_there(caplog):
+    """torch.compile cannot trace a logger call: a wrapper that falls back compiles with fullgraph, and the
+    fallback is logged by the next eager call (not lost)."""
+    caplog.set_level(logging.INFO, logger="dsv4ops")
+    o = torch.randn(3, 2, 512).to(torch.bfloat16)
+    positions, cos_sin = torch.arange(3), torch.randn(8, 64)
+    torch._dynamo.reset()
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("DSV4OPS_DISABLE", "inverse_rope")
+        compiled = torch.compile(lambda o_: dsv4ops.inverse_rope(o_, positions, cos_sin), fullgraph=True)
+        assert torch.equal(compiled(o), torch.ops.dsv4.inverse_rope(o, positions, cos_sin))
+        assert "inverse_rope" not in caplog.text
+        dsv4ops.inverse_rope(o, positions, cos_sin)
+    assert "dsv4ops: inverse_rope on cpu uses the PyTorch reference: disabled by DSV4OPS_DISABLE" in caplog.text
+    torch._dynamo.reset()

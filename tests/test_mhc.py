@@ -351,10 +351,16 @@ def _misaligned(t):
 
 
 def _strided(t):
-    """A copy of t whose last dim has stride 2 (a view into a buffer twice its size; a one-element dim stays
-    contiguous, whatever its stride)."""
-    out = torch.zeros(*t.shape[:-1], 2 * t.shape[-1], dtype=t.dtype, device=t.device)[..., ::2].copy_(t)
-    assert t.shape[-1] == 1 or not out.is_contiguous()
+    """A copy of t whose last dim of more than one element has stride 2 (a view into a buffer twice its size),
+    so that it is not contiguous; a one-element tensor is contiguous at any strides, and is copied as it is."""
+    dims = [d for d in range(t.dim()) if t.shape[d] > 1]
+    if not dims:
+        return t.clone()
+    d = dims[-1]
+    shape, every_other = list(t.shape), [slice(None)] * t.dim()
+    shape[d], every_other[d] = 2 * shape[d], slice(None, None, 2)
+    out = torch.zeros(shape, dtype=t.dtype, device=t.device)[tuple(every_other)].copy_(t)
+    assert not out.is_contiguous()
     return out
 
 
@@ -452,10 +458,12 @@ def _fused_args(**over):
         (dict(x=torch.zeros(1, 128, dtype=torch.bfloat16).expand(2**31, 128)),
          r"x must have shape \[2, 128\], got \[2147483648, 128\]"),
         (dict(fn=torch.zeros(1, 512).expand(2**31, 512)), r"fn must have shape \[24, 512\], got \[2147483648, 512\]"),
-        # post's inputs valid (2^28 tokens of expanded rows, 128 GiB if copied), pre's fn not: refused, nothing copied
-        (dict(x=torch.zeros(1, 64, dtype=torch.bfloat16).expand(2**28, 64),
-              residual=torch.zeros(1, 4, 64, dtype=torch.bfloat16).expand(2**28, 4, 64),
-              post_mix=torch.zeros(1, 4, 1).expand(2**28, 4, 1), comb_mix=torch.zeros(1, 4, 4).expand(2**28, 4, 4)),
+        # post's inputs valid (2^31 - 1 tokens of expanded rows: over 1 TiB, which no allocator grants, if copied),
+        # pre's fn not: refused with fn's message, nothing copied
+        (dict(x=torch.zeros(1, 64, dtype=torch.bfloat16).expand(2**31 - 1, 64),
+              residual=torch.zeros(1, 4, 64, dtype=torch.bfloat16).expand(2**31 - 1, 4, 64),
+              post_mix=torch.zeros(1, 4, 1).expand(2**31 - 1, 4, 1),
+              comb_mix=torch.zeros(1, 4, 4).expand(2**31 - 1, 4, 4)),
          r"fn must have shape \[24, 256\], got \[24, 512\]"),
         (dict(residual=R.float()), "residual must have dtype bfloat16, got float32"),
         (dict(residual=torch.zeros(2, 3, 128, dtype=torch.bfloat16)),

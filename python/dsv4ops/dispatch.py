@@ -34,7 +34,9 @@ _logged: set = set()
 _DISPATCH_KEYS = {"cuda": "CUDA", "cpu": "CPU"}
 
 
-@torch.compiler.assume_constant_result  # a fixed fact of the build: torch.compile cannot trace the query itself
+# A fact of the build, taken as a constant by torch.compile (which cannot trace the query) and not re-checked in a
+# compiled graph: a registration made after compiling takes effect from the next compile.
+@torch.compiler.assume_constant_result
 def _has_kernel(op: str, key: str) -> bool:
     """Whether the op has a kernel registered for the dispatch key (an op without a GPU kernel in this
     build registers the CPU one only)."""
@@ -123,6 +125,8 @@ def decide(op: str, device, supported: Optional[Callable[[], Optional[str]]] = N
 def log_once(key, level: int, message: str, *args) -> None:
     """logger.log(level, message, *args) the first time `key` (any hashable, named by its module) is seen since
     import or reset_fallbacks(): a model's layers repeat a call's reason many times."""
+    if torch.compiler.is_compiling():
+        return  # torch.compile cannot trace a logger call; the key stays unseen, for the next eager call
     if key not in _logged:
         _logged.add(key)
         logger.log(level, message, *args)
