@@ -67,6 +67,11 @@ void check_contiguous(const Tensor& t, const char* op, const char* arg) {
                   "); call .contiguous() first");
 }
 
+Tensor contiguous_aligned(const Tensor& t, int64_t alignment) {
+  if (t.is_contiguous() && is_aligned(t.data_ptr(), static_cast<uintptr_t>(alignment))) return t;
+  return t.is_contiguous() ? torch::stable::clone(t) : torch::stable::contiguous(t);
+}
+
 void check_no_self_overlap(const Tensor& t, const char* op, const char* arg) {
   // A sufficient test: with the dims of more than one element in stride order, each stride reaches past
   // every element the dims before it span.

@@ -30,6 +30,10 @@ std::string device_string(const Tensor& t);
 
 void check_dtype(const Tensor& t, const char* op, const char* arg, std::initializer_list<ScalarType> allowed);
 void check_contiguous(const Tensor& t, const char* op, const char* arg);
+// `t` itself where it is contiguous and its data starts `alignment`-byte aligned, else a contiguous copy (a fresh
+// allocation, aligned): for a kernel that reads an input densely, several bytes at a time. Call it after the
+// input's checks, so that a refused view (say a huge expanded one) is never copied.
+Tensor contiguous_aligned(const Tensor& t, int64_t alignment);
 // Refuses a strided output whose elements share memory (an expanded view, say): the kernels' threads would
 // race on them and the result would depend on scheduling.
 void check_no_self_overlap(const Tensor& t, const char* op, const char* arg);

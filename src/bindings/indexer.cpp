@@ -56,8 +56,7 @@ Tensor fp8_mqa_logits(const Tensor& q, const Tensor& k, const Tensor& k_scale, c
   check_int32_vector(ke, m, kOp, "cu_seqlen_ke");
   for (const Tensor* t : {&k, &k_scale, &weights, &ks, &ke}) check_same_device(q, "q", *t, "every other tensor", kOp);
   // The GPU kernels read the scales as fp32: a [N, 4] uint8 view off a 4-byte boundary is copied to one on it.
-  const Tensor aligned_scale =
-      q.is_cpu() || is_aligned(k_scale.data_ptr(), 4) ? k_scale : torch::stable::clone(k_scale);
+  const Tensor aligned_scale = q.is_cpu() ? k_scale : contiguous_aligned(k_scale, 4);
   check_gpu_grid_rows(q, m, 2, 128, kOp, "query rows");  // the matrix kernels: two rows a 128-thread block
   // sm_90a's warpgroup kernel: blocks of 128 rows along grid y (65535 of them).
   STD_TORCH_CHECK(q.is_cpu() || m <= int64_t{65535} * 128, kOp, ": at most 8388480 query rows on a GPU, got ", m);

@@ -18,15 +18,12 @@ constexpr int64_t kHiddenMultiple = 64;
 // How the kernels read a tensor argument: densely, and residual, x, fn and norm_weight 16 bytes at a time.
 enum class Reads { kScalars, kVectors };
 
-// The data of `t` as the kernels read it. A tensor in another layout (a strided view, or for vector reads one off
-// 16-byte alignment) is copied into a fresh allocation kept in `copies` for the call (spec §8 accepts a strided
-// post_mix). Called once every argument of the call is checked, so that a call refused for any reason (say with a
-// huge expanded view) copies nothing.
+// The data of `t` as the kernels read it (contiguous_aligned), the tensor kept in `copies` for the call (spec §8
+// accepts a strided post_mix). Called once every argument of the call is checked, so that a call refused for any
+// reason copies nothing.
 template <class T>
 const T* readable(const Tensor& t, Reads reads, std::vector<Tensor>& copies) {
-  const bool aligned = reads == Reads::kScalars || is_aligned(t.data_ptr(), kVectorBytes);
-  if (t.is_contiguous() && aligned) return static_cast<const T*>(t.data_ptr());
-  copies.push_back(t.is_contiguous() ? torch::stable::clone(t) : torch::stable::contiguous(t));
+  copies.push_back(contiguous_aligned(t, reads == Reads::kVectors ? kVectorBytes : 1));
   return static_cast<const T*>(copies.back().data_ptr());
 }
 
