@@ -12,7 +12,6 @@ encoding.
 from __future__ import annotations
 
 import enum
-import functools
 import struct
 
 import torch
@@ -76,16 +75,24 @@ def _device(device) -> torch.device:
     return device
 
 
-@functools.lru_cache(maxsize=None)
+_ARCH_BY_DEVICE: dict[tuple[str, int | None], str] = {}
+
+
+# A device's arch is a fact of the machine: under torch.compile it is looked up once at trace time and
+# becomes a constant of the graph (Dynamo warns on, and does not trust, an lru_cache, hence the dict).
+@torch.compiler.assume_constant_result
 def _arch_of(device_type: str, index: int | None) -> str:
-    if device_type == "cpu":
-        return "cpu"
-    if device_type != "cuda":
-        return device_type
-    props = torch.cuda.get_device_properties(index)
-    if torch.version.hip:
-        return props.gcnArchName.split(":")[0]
-    return f"sm_{props.major}{props.minor}"
+    key = (device_type, index)
+    if key not in _ARCH_BY_DEVICE:
+        if device_type == "cpu":
+            arch = "cpu"
+        elif device_type != "cuda":
+            arch = device_type
+        else:
+            props = torch.cuda.get_device_properties(index)
+            arch = props.gcnArchName.split(":")[0] if torch.version.hip else f"sm_{props.major}{props.minor}"
+        _ARCH_BY_DEVICE[key] = arch
+    return _ARCH_BY_DEVICE[key]
 
 
 def device_arch(device) -> str:
