@@ -116,6 +116,20 @@ def test_force_beats_disable_and_unsupported_raises(monkeypatch):
         dsv4ops.fp8_encode(torch.zeros(2, dtype=torch.float16))
 
 
+def test_force_refusal_under_compile_names_the_reason(monkeypatch):
+    """A forced kernel that cannot serve the call raises while tracing; with fullgraph=True torch.compile reports
+    it as its own error, which must still carry dsv4ops' message (without fullgraph the eager call raises it)."""
+    monkeypatch.setenv("DSV4OPS_FORCE", "fp8_encode")
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda x: dsv4ops.fp8_encode(x), fullgraph=True)
+    with pytest.raises(RuntimeError, match="fp8_encode is forced by DSV4OPS_FORCE but its kernel cannot run"):
+        compiled(torch.zeros(2, dtype=torch.float16))
+    torch._dynamo.reset()
+    with pytest.raises(RuntimeError, match="fp8_encode is forced by DSV4OPS_FORCE but its kernel cannot run"):
+        torch.compile(lambda x: dsv4ops.fp8_encode(x))(torch.zeros(2, dtype=torch.float16))
+    torch._dynamo.reset()
+
+
 def test_wrappers_compile_fullgraph_through_the_kernel_registry_query(monkeypatch):
     """The dispatch decision asks the op registry whether a kernel is registered for the device's dispatch key:
     torch.compile cannot trace that query, so it is taken as a constant of the build (every wrapper failed to
