@@ -116,6 +116,22 @@ def test_force_beats_disable_and_unsupported_raises(monkeypatch):
         dsv4ops.fp8_encode(torch.zeros(2, dtype=torch.float16))
 
 
+def test_a_compiled_fallback_does_not_recompile_per_call(monkeypatch):
+    """The fallback counter is not bumped inside a compiled graph: Dynamo guards on the counter's value, so each
+    call compiled anew (and fullgraph failed at the recompile limit, on the ninth call)."""
+    monkeypatch.setenv("DSV4OPS_DISABLE", "inverse_rope")
+    o = torch.randn(3, 2, 512).to(torch.bfloat16)
+    positions, cos_sin = torch.arange(3), torch.randn(8, 64)
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda o_: dsv4ops.inverse_rope(o_, positions, cos_sin), fullgraph=True)
+    expected = torch.ops.dsv4.inverse_rope(o, positions, cos_sin)
+    assert torch.equal(compiled(o), expected)
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        for _ in range(3):
+            assert torch.equal(compiled(o), expected)
+    torch._dynamo.reset()
+
+
 def test_force_refusal_under_compile_names_the_reason(monkeypatch):
     """A forced kernel that cannot serve the call raises while tracing; with fullgraph=True torch.compile reports
     it as its own error, which must still carry dsv4ops' message (without fullgraph the eager call raises it)."""

@@ -136,6 +136,10 @@ def record_fallback(op: str, arch: str, reason: str, served_by: str = REFERENCE,
     """Counts a call the kernel did not serve and logs it once per (op, served_by, reason). Calls served by
     the reference count under (op, reason), by another fallback under (op, f"{served_by}: {reason}").
     passed_over: why other fallbacks before this one did not serve it, added to the logged line."""
+    if torch.compiler.is_compiling():
+        # Neither counted nor logged inside a compiled graph: a counter the graph bumps is a value Dynamo
+        # guards on, so every call would compile anew (and fullgraph fail at the recompile limit).
+        return
     key = (op, reason if served_by == REFERENCE else f"{served_by}: {reason}")
     _fallbacks[key] += 1
     what = "the PyTorch reference" if served_by == REFERENCE else f"the {served_by}"
