@@ -1,6 +1,8 @@
 """dsv4.fp8_encode: byte parity with the reference and with torch's float8 casts, both encodings, on
 every device; edges; quant max 224/240/448; invalid inputs; opcheck; torch.compile; empty input."""
 
+import math
+
 import pytest
 import torch
 
@@ -112,8 +114,23 @@ def test_invalid_inputs(args, match):
 def test_wrapper_rejects_bad_quant_max():
     with pytest.raises(ValueError, match="quant_max must be in"):
         dsv4ops.fp8_encode(torch.zeros(2), "fnuz", quant_max=448)
-    with pytest.raises(ValueError, match=r"positive in fp32"):  # a double that rounds to fp32 zero
-        dsv4ops.fp8_encode(torch.zeros(2), "ocp", quant_max=1e-50)
+    for rounds_to_fp32_zero in (1e-50, 2.0**-150):  # 2^-150: halfway to the smallest subnormal, ties to zero
+        with pytest.raises(ValueError, match=r"positive in fp32"):
+            dsv4ops.fp8_encode(torch.zeros(2), "ocp", quant_max=rounds_to_fp32_zero)
+    smallest = math.nextafter(2.0**-150, 1.0)  # rounds up to 2^-149, the smallest fp32 subnormal
+    assert torch.equal(dsv4ops.fp8_encode(torch.tensor([1.0, -1.0]), "ocp", quant_max=smallest).view(torch.uint8),
+                       torch.tensor([0x00, 0x80], dtype=torch.uint8))  # clamped to +-2^-149: +-0
+
+
+def test_wrapper_compiles_with_a_symbolic_quant_max():
+    """With dynamic=True a float argument is symbolic: the quant_max check must be a comparison Dynamo can trace
+    (a struct round trip failed there)."""
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda x, q: dsv4ops.fp8_encode(x, "ocp", quant_max=q), fullgraph=True, dynamic=True)
+    x = torch.randn(64, 32) * 300
+    for q in (448.0, 100.0):
+        assert_bytes_equal(compiled(x, q), dsv4ops.fp8_encode(x, "ocp", quant_max=q))
+    torch._dynamo.reset()
 
 
 @pytest.mark.parametrize("device", DEVICES)

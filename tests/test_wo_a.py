@@ -815,28 +815,30 @@ def test_forward_follows_the_path_table(monkeypatch, device, fp8_format):
     assert float(torch.dot(bf16, kernel) / (bf16.norm() * kernel.norm())) > 0.998
 
 
+@pytest.mark.parametrize("dynamic", [False, True])
 @pytest.mark.parametrize("path", wo_a.GEMM_PATH_NAMES)
 @pytest.mark.parametrize("device", DEVICES)
-def test_forward_compiles_fullgraph_on_every_path(monkeypatch, device, path):
-    """wo_a_forward under torch.compile(fullgraph=True) gives the eager result on each path of the table: the
-    path is chosen while tracing, the vendor GEMM (cuBLAS per group) and the BF16 path's lazily built dense
-    weight are traced into the graph."""
-    groups, t = 2, 5
+def test_forward_compiles_fullgraph_on_every_path(monkeypatch, device, path, dynamic):
+    """wo_a_forward under torch.compile(fullgraph=True) gives the eager result on each path of the table, with
+    static and symbolic token counts: the path is chosen while tracing, the vendor GEMM (cuBLAS per group) and the
+    BF16 path's lazily built dense weight are traced into the graph."""
+    groups = 2
     weight, scale = checkpoint(groups, seed=92)
     weight, scale, cos_sin = weight.to(device), scale.to(device), rope_table(64).to(device)
     plan = dsv4ops.prepare_wo_a(weight, scale, groups, 1024, cos_sin, device)
     assert plan.path == "fp8"
-    o = attention_output(t, groups * 8, seed=93, log_normal=True).to(device)
-    positions = torch.arange(t, device=device)
     monkeypatch.setitem(wo_a.WO_A_GEMM_PATHS, wo_a.path_table_key(torch.device(device)), {1: ((None, path),)})
-    forward = lambda o_: dsv4ops.wo_a_forward(o_, positions, plan, apply_inverse_rope=True)  # noqa: E731
+    forward = lambda o_, p_: dsv4ops.wo_a_forward(o_, p_, plan, apply_inverse_rope=True)  # noqa: E731
     torch._dynamo.reset()
-    compiled = torch.compile(forward, fullgraph=True)(o)
-    eager = forward(o)
-    if path == "bf16":  # the dense GEMM may be planned differently in the graph: bf16 rounding apart
-        torch.testing.assert_close(compiled, eager)
-    else:  # the same kernels (ours, or cuBLAS at the same shape) on the same bytes
-        assert torch.equal(compiled, eager)
+    compiled_forward = torch.compile(forward, fullgraph=True, dynamic=dynamic)
+    for t in (5, 7):
+        o = attention_output(t, groups * 8, seed=93 + t, log_normal=True).to(device)
+        positions = torch.arange(t, device=device)
+        compiled, eager = compiled_forward(o, positions), forward(o, positions)
+        if path == "bf16":  # the dense GEMM may be planned differently in the graph: bf16 rounding apart
+            torch.testing.assert_close(compiled, eager)
+        else:  # the same kernels (ours, or cuBLAS at the same shape) on the same bytes
+            assert torch.equal(compiled, eager)
     torch._dynamo.reset()
 
 

@@ -12,7 +12,6 @@ encoding.
 from __future__ import annotations
 
 import enum
-import struct
 
 import torch
 
@@ -58,6 +57,9 @@ class Fp8Format(enum.IntEnum):
             return cls(value)
         raise ValueError(f"fp8_format: expected Fp8Format, 'ocp'/'fnuz', 0/1 or an e4m3 dtype, got {value!r}")
 
+
+# Half of fp32's smallest subnormal 2^-149: it and every positive double below it round to fp32 zero (ties to even).
+_LARGEST_DOUBLE_ROUNDING_TO_FP32_ZERO = 2.0**-150
 
 # Chips whose FP8 hardware (conversions, MFMA) uses FNUZ. All other GPUs and the CPU default to OCP.
 FNUZ_ARCHS = frozenset({"gfx940", "gfx941", "gfx942"})
@@ -119,8 +121,9 @@ def format_and_quant_max(device, fp8_format=None, quant_max=None, op: str = "dsv
     encoding's default (448 OCP, 224 FNUZ); refuses a bound outside (0, max finite]."""
     fmt = Fp8Format.parse(fp8_format) if fp8_format is not None else _device_fp8_format(device)
     qmax = float(quant_max) if quant_max is not None else fmt.default_quant_max
-    # The kernels take it as fp32: a positive value that rounds to fp32 zero is refused too.
-    if not (0.0 < qmax <= fmt.max_finite and struct.unpack("f", struct.pack("f", qmax))[0] > 0):
+    # The kernels take it as fp32: a positive value that rounds to fp32 zero, (0, 2^-150], is refused too. (A
+    # comparison, not a struct round trip, which torch.compile cannot trace once the value is symbolic.)
+    if not (_LARGEST_DOUBLE_ROUNDING_TO_FP32_ZERO < qmax <= fmt.max_finite):
         raise ValueError(f"{op}: quant_max must be in (0, {fmt.max_finite}] for {fmt.name} (and positive in fp32), "
                          f"got {qmax}")
     return fmt, qmax
