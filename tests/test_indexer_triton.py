@@ -220,10 +220,26 @@ def _interpreted_empty_shapes():
     assert out.shape == (3, 0)
 
 
+@needs_triton
+def _interpreted_compiled_calls_match_eager():
+    """Under torch.compile(fullgraph=True) the Triton functions run as opaque ops that launch eagerly."""
+    def run(function, *args):
+        torch._dynamo.reset()
+        got = torch.compile(lambda *a: function(*a), fullgraph=True)(*args)
+        torch._dynamo.reset()
+        return got
+
+    check_prefill(lambda *a: run(indexer_triton.fp8_mqa_logits, *a), torch.float8_e4m3fn, torch.float8_e4m3fnuz,
+                  9, 130, 64, 128, True, "cpu")
+    check_paged(lambda *a: run(indexer_triton.fp8_paged_mqa_logits, *a), torch.float8_e4m3fn, 2, "Bn", 32, True,
+                "cpu")
+
+
 if INTERPRETING:  # collected only in the child process (names: test_interpreter_*)
     test_interpreter_prefill = _interpreted_prefill_matches_reference
     test_interpreter_paged = _interpreted_paged_matches_reference
     test_interpreter_empty_shapes = _interpreted_empty_shapes
+    test_interpreter_compiled_calls = _interpreted_compiled_calls_match_eager
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -330,6 +346,43 @@ def test_wrapper_routes_to_triton(monkeypatch):
     assert calls[-1] == ("paged", (q4, c, "w", "l", "t", 7, True, torch.float8_e4m3fnuz))
     assert dsv4ops.fp8_paged_mqa_logits(q4, c, "w", "l", "t", 7)
     assert calls[-1][1][-1] == torch.float8_e4m3fn  # the cache defaults to OCP, as for the kernel
+
+
+def test_compiled_wrappers_call_the_triton_ops(monkeypatch):
+    """The public wrappers on the Triton path compile with fullgraph: the launches are the dsv4_triton ops (Dynamo
+    cannot trace triton's import, its @triton.jit definitions or the launch-side checks), which launch eagerly
+    (here the launch is the reference's math, so this runs without triton and without a GPU)."""
+    launched = []
+
+    def prefill(q, k, k_scale, weights, ks, ke, clean_logits):
+        launched.append("prefill")
+        return reference.fp8_mqa_logits(q, k, k_scale, weights, ks, ke, clean_logits)
+
+    def paged(q, cache, weights, lens, table, max_len, clean_logits, kv_dtype):
+        launched.append(("paged", kv_dtype))
+        return reference.fp8_paged_mqa_logits(q, cache, weights, lens, table, max_len, clean_logits, kv_dtype)
+
+    monkeypatch.setattr(indexer, "_choose_logits_path", lambda op, device, triton_unsupported=None: indexer.TRITON)
+    monkeypatch.setattr(indexer_triton, "_launch_mqa_logits", prefill)
+    monkeypatch.setattr(indexer_triton, "_launch_paged_mqa_logits", paged)
+    torch._dynamo.reset()
+    m, n, heads, dim = 5, 40, 4, 32
+    q, k = fp8_tensor((m, heads, dim), torch.float8_e4m3fn, seed=1), fp8_tensor((n, dim), torch.float8_e4m3fn, seed=2)
+    k_scale, weights = torch.rand(n) + 0.5, torch.randn(m, heads)
+    ks, ke = windows(m, n, seed=3)
+    compiled = torch.compile(lambda q_: dsv4ops.fp8_mqa_logits(q_, k, k_scale, weights, ks, ke), fullgraph=True)
+    assert torch.equal(compiled(q), reference.fp8_mqa_logits(q, k, k_scale, weights, ks, ke))
+    assert launched == ["prefill"]
+
+    cache, table, _ = paged_cache([150, 70, 199], 16, dim, torch.float8_e4m3fn, seed=4)
+    lens = paged_lens(2, "Bn")
+    q4 = fp8_tensor((3, 2, heads, dim), torch.float8_e4m3fn, seed=5)
+    w4 = torch.randn(6, heads)
+    compiled = torch.compile(lambda q_: dsv4ops.fp8_paged_mqa_logits(q_, cache, w4, lens, table, 200), fullgraph=True)
+    want = reference.fp8_paged_mqa_logits(q4, cache, w4, lens, table, 200, True, torch.float8_e4m3fn)
+    assert torch.equal(compiled(q4), want)
+    assert launched[1:] == [("paged", torch.float8_e4m3fn)]
+    torch._dynamo.reset()
 
 
 def test_module_imports_without_triton():

@@ -16,7 +16,8 @@ an OCP 0x7F/0xFF bitcast to FNUZ reads as +-480 where the reference gives NaN.
 On sm_90 the FP8 wgmma partial sums are promoted to the fp32 accumulator every 32 products
 (max_num_imprecise_acc=32, like an m16n8k32 mma.sync chain) instead of Triton's default of never.
 
-Triton is imported lazily: this module imports without it, and available() says whether it can run.
+Triton is imported lazily: this module imports without it, and available() says whether it can run. Inside a
+torch.compile graph the launches are the custom ops dsv4_triton::fp8_mqa_logits / fp8_paged_mqa_logits (end of file).
 """
 
 from __future__ import annotations
@@ -39,15 +40,22 @@ MODE_F16_FROM_FNUZ = 3  # decode FNUZ bytes to fp16
 FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e4m3fnuz)
 
 
-@functools.lru_cache(maxsize=None)
+_importable: list = []  # [whether triton imports], once asked
+
+
+# A fact of the installation: under torch.compile it is asked once at trace time and is a constant of the graph
+# (Dynamo warns on, and does not trust, an lru_cache).
+@torch.compiler.assume_constant_result
 def available() -> bool:
     """Whether triton imports here (its GPU backends are checked only when a kernel is launched)."""
-    try:
-        import triton  # noqa: F401
-        import triton.language  # noqa: F401
-    except Exception:  # noqa: BLE001 - any import failure means the fallback is not available
-        return False
-    return True
+    if not _importable:
+        try:
+            import triton  # noqa: F401
+            import triton.language  # noqa: F401
+            _importable.append(True)
+        except Exception:  # noqa: BLE001 - any import failure means the fallback is not available
+            _importable.append(False)
+    return _importable[0]
 
 
 def _is_fnuz(dtype: torch.dtype) -> bool:
@@ -250,6 +258,13 @@ def _k_scale(k_scale: torch.Tensor, n: int) -> torch.Tensor:
 def fp8_mqa_logits(q: torch.Tensor, k: torch.Tensor, k_scale: torch.Tensor, weights: torch.Tensor,
                    ks: torch.Tensor, ke: torch.Tensor, clean_logits: bool = True) -> torch.Tensor:
     """spec §3.2 on a GPU through Triton; columns outside [ks, ke) are -inf when clean_logits, else unwritten."""
+    if torch.compiler.is_compiling():
+        return torch.ops.dsv4_triton.fp8_mqa_logits(q, k, k_scale, weights, ks, ke, bool(clean_logits))
+    return _launch_mqa_logits(q, k, k_scale, weights, ks, ke, clean_logits)
+
+
+def _launch_mqa_logits(q: torch.Tensor, k: torch.Tensor, k_scale: torch.Tensor, weights: torch.Tensor,
+                       ks: torch.Tensor, ke: torch.Tensor, clean_logits: bool) -> torch.Tensor:
     q_fnuz, k_fnuz = _is_fnuz(q.dtype), _is_fnuz(k.dtype)
     if q.dim() != 3 or k.dim() != 2 or k.shape[1] != q.shape[2]:
         raise ValueError(f"fp8_mqa_logits: q must be [M, H, D] and k [N, D], got {tuple(q.shape)}, {tuple(k.shape)}")
@@ -296,8 +311,18 @@ def fp8_paged_mqa_logits(q: torch.Tensor, kv_cache: torch.Tensor, weights: torch
                          kv_dtype: torch.dtype = None) -> torch.Tensor:
     """spec §4 on a GPU through Triton: q [B, next_n, H, D] FP8, the block-flat uint8 cache whose FP8 bytes
     are read as kv_dtype (default: q's) -> logits [B * next_n, max_model_len] fp32."""
-    q_fnuz = _is_fnuz(q.dtype)
-    k_fnuz = _is_fnuz(kv_dtype if kv_dtype is not None else q.dtype)
+    kv_dtype = kv_dtype if kv_dtype is not None else q.dtype
+    if torch.compiler.is_compiling():
+        return torch.ops.dsv4_triton.fp8_paged_mqa_logits(q, kv_cache, weights, context_lens, block_tables,
+                                                          int(max_model_len), bool(clean_logits), kv_dtype)
+    return _launch_paged_mqa_logits(q, kv_cache, weights, context_lens, block_tables, max_model_len, clean_logits,
+                                    kv_dtype)
+
+
+def _launch_paged_mqa_logits(q: torch.Tensor, kv_cache: torch.Tensor, weights: torch.Tensor,
+                             context_lens: torch.Tensor, block_tables: torch.Tensor, max_model_len: int,
+                             clean_logits: bool, kv_dtype: torch.dtype) -> torch.Tensor:
+    q_fnuz, k_fnuz = _is_fnuz(q.dtype), _is_fnuz(kv_dtype)
     if q.dim() != 4:
         raise ValueError(f"fp8_paged_mqa_logits: q must be [B, next_n, H, D], got {tuple(q.shape)}")
     batch, next_n, heads, dim = q.shape
@@ -347,3 +372,31 @@ def fp8_paged_mqa_logits(q: torch.Tensor, kv_cache: torch.Tensor, weights: torch
                      K_MODE=k_mode, CLEAN=bool(clean_logits), BLOCK_H=block_h, BLOCK_D=block_d, BLOCK_N=BLOCK_N,
                      num_warps=NUM_WARPS)
     return logits
+
+
+# Under torch.compile the launches are opaque ops: Dynamo cannot trace triton's import, the @triton.jit
+# definitions of kernels() or the launch-side checks, so a compiled graph calls these, which launch eagerly
+# (_launch_* looked up at call time). Eager calls launch directly, without the op dispatch's overhead.
+@torch.library.custom_op("dsv4_triton::fp8_mqa_logits", mutates_args=())
+def _mqa_logits_op(q: torch.Tensor, k: torch.Tensor, k_scale: torch.Tensor, weights: torch.Tensor,
+                   ks: torch.Tensor, ke: torch.Tensor, clean_logits: bool) -> torch.Tensor:
+    return _launch_mqa_logits(q, k, k_scale, weights, ks, ke, clean_logits)
+
+
+@_mqa_logits_op.register_fake
+def _(q, k, k_scale, weights, ks, ke, clean_logits):
+    return q.new_empty((q.shape[0], k.shape[0]), dtype=torch.float32)
+
+
+@torch.library.custom_op("dsv4_triton::fp8_paged_mqa_logits", mutates_args=())
+def _paged_mqa_logits_op(q: torch.Tensor, kv_cache: torch.Tensor, weights: torch.Tensor, context_lens: torch.Tensor,
+                         block_tables: torch.Tensor, max_model_len: int, clean_logits: bool,
+                         kv_dtype: torch.dtype) -> torch.Tensor:
+    return _launch_paged_mqa_logits(q, kv_cache, weights, context_lens, block_tables, max_model_len, clean_logits,
+                                    kv_dtype)
+
+
+@_paged_mqa_logits_op.register_fake
+def _(q, kv_cache, weights, context_lens, block_tables, max_model_len, clean_logits, kv_dtype):
+    return q.new_empty((q.shape[0] * q.shape[1], max_model_len), dtype=torch.float32)
+
