@@ -132,6 +132,18 @@ def test_a_compiled_fallback_does_not_recompile_per_call(monkeypatch):
     torch._dynamo.reset()
 
 
+def test_a_data_dependent_reference_compiles_with_a_graph_break(monkeypatch):
+    """The references that loop over data (here the top-k's) cannot be traced with fullgraph; compiled without
+    it, a call that falls back to one breaks the graph there and gives the eager result (README)."""
+    monkeypatch.setenv("DSV4OPS_DISABLE", "topk_per_row_prefill")
+    logits = torch.randn(4, 300)
+    ks, ke = torch.tensor([0, 5, -2, 290], dtype=torch.int32), torch.tensor([300, 200, 40, 400], dtype=torch.int32)
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda l_: dsv4ops.topk_per_row_prefill(l_ * 2, ks, ke, 16))
+    assert torch.equal(compiled(logits), dsv4ops.topk_per_row_prefill(logits * 2, ks, ke, 16))
+    torch._dynamo.reset()
+
+
 def test_force_refusal_under_compile_names_the_reason(monkeypatch):
     """A forced kernel that cannot serve the call raises while tracing; with fullgraph=True torch.compile reports
     it as its own error, which must still carry dsv4ops' message (without fullgraph the eager call raises it)."""
