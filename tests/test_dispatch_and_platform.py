@@ -170,6 +170,7 @@ def test_wrappers_compile_fullgraph_through_the_kernel_registry_query(monkeypatc
     o = torch.randn(3, 2, 512).to(torch.bfloat16)
     positions, cos_sin = torch.arange(3), torch.randn(8, 64)
     torch._dynamo.reset()
+    monkeypatch.setattr(torch._dynamo.utils, "warn_once_cache", set())  # Dynamo warns once per process
     compiled = torch.compile(lambda o_: dsv4ops.inverse_rope(o_, positions, cos_sin), fullgraph=True)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

@@ -221,8 +221,9 @@ def _interpreted_empty_shapes():
 
 
 @needs_triton
-def _interpreted_compiled_calls_match_eager():
-    """Under torch.compile(fullgraph=True) the Triton functions run as opaque ops that launch eagerly."""
+def _interpreted_compiled_calls_match_reference():
+    """Under torch.compile(fullgraph=True) the Triton functions run as opaque ops that launch eagerly: their
+    results match the reference as the eager calls' do, and the ops' fakes agree with them (opcheck)."""
     def run(function, *args):
         torch._dynamo.reset()
         got = torch.compile(lambda *a: function(*a), fullgraph=True)(*args)
@@ -233,13 +234,28 @@ def _interpreted_compiled_calls_match_eager():
                   9, 130, 64, 128, True, "cpu")
     check_paged(lambda *a: run(indexer_triton.fp8_paged_mqa_logits, *a), torch.float8_e4m3fn, 2, "Bn", 32, True,
                 "cpu")
+    # test_schema is left out: it multiplies the inputs, which torch cannot do for float8 tensors on the CPU.
+    # clean_logits: unwritten columns would differ between any two runs.
+    checks = ("test_faketensor", "test_aot_dispatch_dynamic")
+    q, k = fp8_tensor((5, 4, 32), torch.float8_e4m3fn, seed=1), fp8_tensor((40, 32), torch.float8_e4m3fn, seed=2)
+    ks, ke = windows(5, 40, seed=3)
+    for rows in (5, 0):
+        torch.library.opcheck(torch.ops.dsv4_triton.fp8_mqa_logits.default,
+                              (q[:rows], k, torch.rand(40) + 0.5, torch.randn(rows, 4), ks[:rows], ke[:rows], True),
+                              test_utils=checks)
+    cache, table, _ = paged_cache([150, 70, 199], 16, 32, torch.float8_e4m3fn, seed=4)
+    q4 = fp8_tensor((3, 2, 4, 32), torch.float8_e4m3fn, seed=5)
+    for max_len, kv_dtype in ((200, torch.float8_e4m3fn), (0, torch.float8_e4m3fnuz)):
+        torch.library.opcheck(torch.ops.dsv4_triton.fp8_paged_mqa_logits.default,
+                              (q4, cache, torch.randn(6, 4), paged_lens(2, "Bn"), table, max_len, True, kv_dtype),
+                              test_utils=checks)
 
 
 if INTERPRETING:  # collected only in the child process (names: test_interpreter_*)
     test_interpreter_prefill = _interpreted_prefill_matches_reference
     test_interpreter_paged = _interpreted_paged_matches_reference
     test_interpreter_empty_shapes = _interpreted_empty_shapes
-    test_interpreter_compiled_calls = _interpreted_compiled_calls_match_eager
+    test_interpreter_compiled_calls = _interpreted_compiled_calls_match_reference
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -368,10 +384,13 @@ def test_compiled_wrappers_call_the_triton_ops(monkeypatch):
     torch._dynamo.reset()
     m, n, heads, dim = 5, 40, 4, 32
     q, k = fp8_tensor((m, heads, dim), torch.float8_e4m3fn, seed=1), fp8_tensor((n, dim), torch.float8_e4m3fn, seed=2)
-    k_scale, weights = torch.rand(n) + 0.5, torch.randn(m, heads)
+    k_scale = torch.rand(n) + 0.5
+    weights = torch.randn(m, heads, requires_grad=True)  # as from a projection in a graph that is not no_grad
     ks, ke = windows(m, n, seed=3)
     compiled = torch.compile(lambda q_: dsv4ops.fp8_mqa_logits(q_, k, k_scale, weights, ks, ke), fullgraph=True)
-    assert torch.equal(compiled(q), reference.fp8_mqa_logits(q, k, k_scale, weights, ks, ke))
+    got = compiled(q)
+    assert not got.requires_grad  # the logits carry no gradient, as in eager calls
+    assert torch.equal(got, reference.fp8_mqa_logits(q, k, k_scale, weights.detach(), ks, ke))
     assert launched == ["prefill"]
 
     cache, table, _ = paged_cache([150, 70, 199], 16, dim, torch.float8_e4m3fn, seed=4)

@@ -820,8 +820,8 @@ def test_forward_follows_the_path_table(monkeypatch, device, fp8_format):
 @pytest.mark.parametrize("device", DEVICES)
 def test_forward_compiles_fullgraph_on_every_path(monkeypatch, device, path, dynamic):
     """wo_a_forward under torch.compile(fullgraph=True) gives the eager result on each path of the table, with
-    static and symbolic token counts: the path is chosen while tracing, the vendor GEMM (cuBLAS per group) and the
-    BF16 path's lazily built dense weight are traced into the graph."""
+    static and symbolic token counts: the path is chosen while tracing, the vendor GEMM (cuBLAS per group; on the
+    CPU the vendor path is our kernel) and the BF16 path's lazily built dense weight are traced into the graph."""
     groups = 2
     weight, scale = checkpoint(groups, seed=92)
     weight, scale, cos_sin = weight.to(device), scale.to(device), rope_table(64).to(device)
@@ -839,6 +839,35 @@ def test_forward_compiles_fullgraph_on_every_path(monkeypatch, device, path, dyn
             torch.testing.assert_close(compiled, eager)
         else:  # the same kernels (ours, or cuBLAS at the same shape) on the same bytes
             assert torch.equal(compiled, eager)
+    torch._dynamo.reset()
+
+
+def test_vendor_path_compiles_once_for_every_token_count(monkeypatch):
+    """With dynamic=True one graph serves every token count on the vendor path: nothing there may make T a
+    constant of the graph (looking (T, G) up in the refused shapes did: a recompile per T, and fullgraph failed at
+    the ninth). Simulated on the CPU: the platform reads as CUDA and the vendor GEMM is our kernel."""
+    groups = 2
+    weight, scale = checkpoint(groups, seed=94)
+    plan = dsv4ops.prepare_wo_a(weight, scale, groups, 1024, rope_table(64), "cpu")
+    vendor_calls = []
+
+    def vendor(x, w, x_scale, w_scale, out_dtype):
+        if not torch.compiler.is_compiling():  # a list the graph appends to would be guarded on
+            vendor_calls.append(x.shape[0])
+        return torch.ops.dsv4.bmm_a8w8_mxscale(x, w, x_scale, w_scale, out_dtype)
+
+    monkeypatch.setattr(wo_a, "path_table_key", lambda device: "cuda")
+    monkeypatch.setitem(wo_a.WO_A_GEMM_PATHS, "cuda", {1: ((None, "vendor_fp8"),)})
+    monkeypatch.setattr(wo_a, "_vendor_block_scaled_bmm", vendor)
+    forward = lambda o_, p_: dsv4ops.wo_a_forward(o_, p_, plan, apply_inverse_rope=True)  # noqa: E731
+    torch._dynamo.reset()
+    compiled_forward = torch.compile(forward, fullgraph=True, dynamic=True)
+    for t in range(3, 14):
+        o = attention_output(t, groups * 8, seed=95 + t)
+        positions = torch.arange(t)
+        with torch._dynamo.config.patch(error_on_recompile=t > 3):
+            assert torch.equal(compiled_forward(o, positions), forward(o, positions))
+    assert vendor_calls and set(vendor_calls) == set(range(3, 14))  # the eager calls took the vendor path too
     torch._dynamo.reset()
 
 

@@ -258,8 +258,9 @@ def _k_scale(k_scale: torch.Tensor, n: int) -> torch.Tensor:
 def fp8_mqa_logits(q: torch.Tensor, k: torch.Tensor, k_scale: torch.Tensor, weights: torch.Tensor,
                    ks: torch.Tensor, ke: torch.Tensor, clean_logits: bool = True) -> torch.Tensor:
     """spec §3.2 on a GPU through Triton; columns outside [ks, ke) are -inf when clean_logits, else unwritten."""
-    if torch.compiler.is_compiling():
-        return torch.ops.dsv4_triton.fp8_mqa_logits(q, k, k_scale, weights, ks, ke, bool(clean_logits))
+    if torch.compiler.is_compiling():  # detached: the logits carry no gradient, as in eager calls
+        return torch.ops.dsv4_triton.fp8_mqa_logits(*(t.detach() for t in (q, k, k_scale, weights, ks, ke)),
+                                                    bool(clean_logits))
     return _launch_mqa_logits(q, k, k_scale, weights, ks, ke, clean_logits)
 
 
@@ -312,9 +313,10 @@ def fp8_paged_mqa_logits(q: torch.Tensor, kv_cache: torch.Tensor, weights: torch
     """spec §4 on a GPU through Triton: q [B, next_n, H, D] FP8, the block-flat uint8 cache whose FP8 bytes
     are read as kv_dtype (default: q's) -> logits [B * next_n, max_model_len] fp32."""
     kv_dtype = kv_dtype if kv_dtype is not None else q.dtype
-    if torch.compiler.is_compiling():
-        return torch.ops.dsv4_triton.fp8_paged_mqa_logits(q, kv_cache, weights, context_lens, block_tables,
-                                                          int(max_model_len), bool(clean_logits), kv_dtype)
+    if torch.compiler.is_compiling():  # detached: the logits carry no gradient, as in eager calls
+        return torch.ops.dsv4_triton.fp8_paged_mqa_logits(
+            *(t.detach() for t in (q, kv_cache, weights, context_lens, block_tables)), int(max_model_len),
+            bool(clean_logits), kv_dtype)
     return _launch_paged_mqa_logits(q, kv_cache, weights, context_lens, block_tables, max_model_len, clean_logits,
                                     kv_dtype)
 
@@ -398,5 +400,6 @@ def _paged_mqa_logits_op(q: torch.Tensor, kv_cache: torch.Tensor, weights: torch
 
 @_paged_mqa_logits_op.register_fake
 def _(q, kv_cache, weights, context_lens, block_tables, max_model_len, clean_logits, kv_dtype):
+    torch._check(max_model_len >= 0, lambda: f"fp8_paged_mqa_logits: max_model_len must be >= 0, got {max_model_len}")
     return q.new_empty((q.shape[0] * q.shape[1], max_model_len), dtype=torch.float32)
 

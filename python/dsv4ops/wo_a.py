@@ -114,7 +114,8 @@ def inverse_rope_group_quant(o: torch.Tensor, positions: torch.Tensor, cos_sin: 
     fmt, qmax = format_and_quant_max(o.device, fp8_format, quant_max)
     if dispatch.choose("inverse_rope_group_quant", o.device, lambda: _bf16_fit(o)).uses_kernel:
         return torch.ops.dsv4.inverse_rope_group_quant(o.contiguous(), positions.contiguous(), cos_sin.contiguous(),
-                                                       int(num_groups), int(group_size), int(fmt), qmax, bool(apply_inverse_rope))
+                                                       int(num_groups), int(group_size), int(fmt), qmax,
+                                                       bool(apply_inverse_rope))
     return reference.inverse_rope_group_quant(o, positions, cos_sin, int(num_groups), int(group_size), fmt, qmax,
                                               bool(apply_inverse_rope))
 
@@ -286,8 +287,9 @@ def wo_a_forward(o: torch.Tensor, positions: torch.Tensor, plan: WoAPlan, apply_
                           "dsv4ops: wo_a uses the BF16 path for this call: o has dtype %s; the FP8 path takes bf16",
                           o.dtype)
         path = "bf16"
+    # (Not looked up in the refused shapes while compiling: that would make the token count a constant of the graph.)
     if path == "vendor_fp8" and (platform_key != "cuda" or t < 2 or plan.fp8_format is not Fp8Format.OCP
-                                 or (t, g) in _vendor_refused):
+                                 or (not torch.compiler.is_compiling() and (t, g) in _vendor_refused)):
         path = "fp8_kernel"
     if path in ("fp8_kernel", "vendor_fp8"):
         x_fp8, x_scale = inverse_rope_group_quant(o, positions, plan.cos_sin, g, GROUP_SIZE, plan.fp8_format,
