@@ -402,4 +402,3 @@ def _paged_mqa_logits_op(q: torch.Tensor, kv_cache: torch.Tensor, weights: torch
 def _(q, kv_cache, weights, context_lens, block_tables, max_model_len, clean_logits, kv_dtype):
     torch._check(max_model_len >= 0, lambda: f"fp8_paged_mqa_logits: max_model_len must be >= 0, got {max_model_len}")
     return q.new_empty((q.shape[0] * q.shape[1], max_model_len), dtype=torch.float32)
-
