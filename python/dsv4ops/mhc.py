@@ -56,7 +56,8 @@ def arch_family(arch: str) -> str:
 
 def register_backend(name: str, adapter: Optional[object]) -> None:
     """Registers (or with None removes) an external backend: an object with methods named like OPS taking
-    the wrappers' arguments. It is used only where BACKEND_ORDER lists `name`."""
+    the wrappers' arguments. It is used only where BACKEND_ORDER lists `name`. torch.compile traces its methods
+    as Python: for compiled models they should reach their kernels through torch custom ops."""
     if name not in EXTERNAL_MODULES:
         raise ValueError(f"unknown external mHC backend {name!r}; known: {sorted(EXTERNAL_MODULES)}")
     if adapter is None:
