@@ -232,19 +232,24 @@ def _interpreted_compiled_calls_match_reference():
 
     check_prefill(lambda *a: run(indexer_triton.fp8_mqa_logits, *a), torch.float8_e4m3fn, torch.float8_e4m3fnuz,
                   9, 130, 64, 128, True, "cpu")
-    check_paged(lambda *a: run(indexer_triton.fp8_paged_mqa_logits, *a), torch.float8_e4m3fn, 2, "Bn", 32, True,
-                "cpu")
+    for dtype in (torch.float8_e4m3fn, torch.float8_e4m3fnuz):  # q and the cache in that encoding
+        check_paged(lambda *a: run(indexer_triton.fp8_paged_mqa_logits, *a), dtype, 2, "Bn", 32, True, "cpu")
+    # Invalid inputs: refused by the launch's checks when the graph runs, or by the fake while tracing.
+    q, k = fp8_tensor((5, 4, 32), torch.float8_e4m3fn, seed=1), fp8_tensor((40, 32), torch.float8_e4m3fn, seed=2)
+    ks, ke = windows(5, 40, seed=3)
+    with pytest.raises(ValueError, match=r"weights must be \[5, 4\] fp32"):
+        run(indexer_triton.fp8_mqa_logits, q, k, torch.ones(40), torch.ones(5, 4, dtype=torch.float64), ks, ke)
+    cache, table, _ = paged_cache([150, 70, 199], 16, 32, torch.float8_e4m3fn, seed=4)
+    q4 = fp8_tensor((3, 2, 4, 32), torch.float8_e4m3fn, seed=5)
+    with pytest.raises(RuntimeError, match="max_model_len must be >= 0, got -1"):
+        run(indexer_triton.fp8_paged_mqa_logits, q4, cache, torch.randn(6, 4), paged_lens(2, "Bn"), table, -1)
     # test_schema is left out: it multiplies the inputs, which torch cannot do for float8 tensors on the CPU.
     # clean_logits: unwritten columns would differ between any two runs.
     checks = ("test_faketensor", "test_aot_dispatch_dynamic")
-    q, k = fp8_tensor((5, 4, 32), torch.float8_e4m3fn, seed=1), fp8_tensor((40, 32), torch.float8_e4m3fn, seed=2)
-    ks, ke = windows(5, 40, seed=3)
     for rows in (5, 0):
         torch.library.opcheck(torch.ops.dsv4_triton.fp8_mqa_logits.default,
                               (q[:rows], k, torch.rand(40) + 0.5, torch.randn(rows, 4), ks[:rows], ke[:rows], True),
                               test_utils=checks)
-    cache, table, _ = paged_cache([150, 70, 199], 16, 32, torch.float8_e4m3fn, seed=4)
-    q4 = fp8_tensor((3, 2, 4, 32), torch.float8_e4m3fn, seed=5)
     for max_len, kv_dtype in ((200, torch.float8_e4m3fn), (0, torch.float8_e4m3fnuz)):
         torch.library.opcheck(torch.ops.dsv4_triton.fp8_paged_mqa_logits.default,
                               (q4, cache, torch.randn(6, 4), paged_lens(2, "Bn"), table, max_len, True, kv_dtype),

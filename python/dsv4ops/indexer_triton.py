@@ -40,22 +40,15 @@ MODE_F16_FROM_FNUZ = 3  # decode FNUZ bytes to fp16
 FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e4m3fnuz)
 
 
-_importable: list = []  # [whether triton imports], once asked
-
-
-# A fact of the installation: under torch.compile it is asked once at trace time and is a constant of the graph
-# (Dynamo warns on, and does not trust, an lru_cache).
-@torch.compiler.assume_constant_result
+@platform.fact_of_the_machine
 def available() -> bool:
     """Whether triton imports here (its GPU backends are checked only when a kernel is launched)."""
-    if not _importable:
-        try:
-            import triton  # noqa: F401
-            import triton.language  # noqa: F401
-            _importable.append(True)
-        except Exception:  # noqa: BLE001 - any import failure means the fallback is not available
-            _importable.append(False)
-    return _importable[0]
+    try:
+        import triton  # noqa: F401
+        import triton.language  # noqa: F401
+    except Exception:  # noqa: BLE001 - any import failure means the fallback is not available
+        return False
+    return True
 
 
 def _is_fnuz(dtype: torch.dtype) -> bool:

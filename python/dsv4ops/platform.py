@@ -12,6 +12,7 @@ encoding.
 from __future__ import annotations
 
 import enum
+import functools
 
 import torch
 
@@ -77,24 +78,30 @@ def _device(device) -> torch.device:
     return device
 
 
-_ARCH_BY_DEVICE: dict[tuple[str, int | None], str] = {}
+def fact_of_the_machine(function):
+    """Memoizes `function` (hashable arguments) for the process, and makes a call under torch.compile a constant of
+    the graph, computed once at trace time and not traced (Dynamo warns on, and does not trust, an lru_cache)."""
+    values = {}
+
+    @functools.wraps(function)
+    def memoized(*args):
+        if args not in values:
+            values[args] = function(*args)
+        return values[args]
+
+    return torch.compiler.assume_constant_result(memoized)
 
 
-# A device's arch is a fact of the machine: under torch.compile it is looked up once at trace time and
-# becomes a constant of the graph (Dynamo warns on, and does not trust, an lru_cache, hence the dict).
-@torch.compiler.assume_constant_result
+@fact_of_the_machine
 def _arch_of(device_type: str, index: int | None) -> str:
-    key = (device_type, index)
-    if key not in _ARCH_BY_DEVICE:
-        if device_type == "cpu":
-            arch = "cpu"
-        elif device_type != "cuda":
-            arch = device_type
-        else:
-            props = torch.cuda.get_device_properties(index)
-            arch = props.gcnArchName.split(":")[0] if torch.version.hip else f"sm_{props.major}{props.minor}"
-        _ARCH_BY_DEVICE[key] = arch
-    return _ARCH_BY_DEVICE[key]
+    if device_type == "cpu":
+        return "cpu"
+    if device_type != "cuda":
+        return device_type
+    props = torch.cuda.get_device_properties(index)
+    if torch.version.hip:
+        return props.gcnArchName.split(":")[0]
+    return f"sm_{props.major}{props.minor}"
 
 
 def device_arch(device) -> str:
