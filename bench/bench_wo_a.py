@@ -7,7 +7,8 @@ GEMM rows per case: dsv4ops (only where this build registers a kernel for the de
 header says so and the peers are still timed) with fp32 block sums (the op's default) and with
 reduced-precision block sums (reduced_precision_block_sums=True, what the wo_a forward uses; on sm_90 the
 FP8 wgmma kernel, on devices without such a mode the same kernel as the default), cuBLAS block-scaled FP8
-(torch._scaled_mm with 1x128 / 128x128 scales, one call per group; CUDA only, and cuBLAS refuses M = 1),
+(torch._scaled_mm with 1x128 / 128x128 scales, one call per group; CUDA only; cuBLAS refuses M = 1: it takes
+multiples of 4),
 cuBLAS BF16 bmm on the dequantized weight, and at small M (<= 64) a device copy of the same bytes (the
 ceiling at that size) and the PyTorch reference (it dequantizes in fp64). Each input set has its own weight,
 so that no weight stays in the L2 between calls, as in a model. Bytes counted: the FP8 activation and weight with their scales read once, the bf16 output written
@@ -184,7 +185,7 @@ def bench_inverse_rope(device, ceiling, compile_peers):
     return rows
 
 
-FORWARD_TOKENS = [1, 16, 64, 256, 1024, 4096, 16384]
+FORWARD_TOKENS = [1, 16, 64, 256, 1024, 4096, 4097, 16384]  # 4097: the vendor GEMM's rows padded to 4100
 BF16_PATH = "BF16 path (inverse_rope + BF16 einsum)"
 
 

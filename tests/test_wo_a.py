@@ -775,12 +775,13 @@ def test_cuda_table_matches_the_measured_crossovers():
     assert [path(t, 1) for t in tokens] == ["fp8_kernel"] * 6 + ["bf16"] * 2 + ["vendor_fp8"] * 2
 
 
+@pytest.mark.parametrize("t", [16, 5])
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("fp8_format", ["ocp", "fnuz"])
-def test_forward_follows_the_path_table(monkeypatch, device, fp8_format):
+def test_forward_follows_the_path_table(monkeypatch, device, fp8_format, t):
     """Each path of the table serves an FP8 plan: the vendor GEMM gives the kernel's product (or is the
     kernel where it cannot run: no GPU, or FNUZ operands), the BF16 path tracks it within the activation
-    quantization error."""
+    quantization error. T = 5: cuBLAS refuses 5 rows; the vendor path pads them (no fallback)."""
     vendor_calls = []
     real_vendor = wo_a._vendor_block_scaled_bmm
 
@@ -790,7 +791,7 @@ def test_forward_follows_the_path_table(monkeypatch, device, fp8_format):
         return z
 
     monkeypatch.setattr(wo_a, "_vendor_block_scaled_bmm", recording_vendor)
-    groups, t = 2, 16
+    groups = 2
     weight, scale = checkpoint(groups, seed=90)
     weight, scale, cos_sin = weight.to(device), scale.to(device), rope_table(64).to(device)
     plan = dsv4ops.prepare_wo_a(weight, scale, groups, 1024, cos_sin, device, fp8_format=fp8_format)
@@ -808,6 +809,7 @@ def test_forward_follows_the_path_table(monkeypatch, device, fp8_format):
     else:
         if torch.version.cuda is not None:  # cuBLAS serves this shape: the comparison is not kernel vs kernel
             assert vendor_calls, "the vendor GEMM fell back to the kernel"
+            assert not wo_a._vendor_refused
         assert float((results["vendor_fp8"] - kernel).norm() / kernel.norm()) < 1e-2
     assert plan._dense_weight is not None, "the BF16 path built the dequantized weight"
     bf16 = results["bf16"]
@@ -842,10 +844,11 @@ def test_forward_compiles_fullgraph_on_every_path(monkeypatch, device, path, dyn
     torch._dynamo.reset()
 
 
-def test_vendor_path_compiles_once_for_every_token_count(monkeypatch):
-    """With dynamic=True one graph serves every token count on the vendor path: nothing there may make T a
-    constant of the graph (looking (T, G) up in the refused shapes did: a recompile per T, and fullgraph failed at
-    the ninth). Simulated on the CPU: the platform reads as CUDA and the vendor GEMM is our kernel."""
+def test_vendor_path_compiles_twice_for_every_token_count(monkeypatch):
+    """With dynamic=True two graphs serve every token count on the vendor path (T a multiple of the vendor's row
+    multiple, and T padded to one): nothing there may make T a constant of the graph (looking (T, G) up in the
+    refused shapes did: a recompile per T, and fullgraph failed at the ninth). Simulated on the CPU: the platform
+    reads as CUDA and the vendor GEMM is our kernel."""
     groups = 2
     weight, scale = checkpoint(groups, seed=94)
     plan = dsv4ops.prepare_wo_a(weight, scale, groups, 1024, rope_table(64), "cpu")
@@ -865,9 +868,50 @@ def test_vendor_path_compiles_once_for_every_token_count(monkeypatch):
     for t in range(3, 14):
         o = attention_output(t, groups * 8, seed=95 + t)
         positions = torch.arange(t)
-        with torch._dynamo.config.patch(error_on_recompile=t > 3):
+        with torch._dynamo.config.patch(error_on_recompile=t > 4):  # 3: the padded graph; 4: the unpadded
             assert torch.equal(compiled_forward(o, positions), forward(o, positions))
-    assert vendor_calls and set(vendor_calls) == set(range(3, 14))  # the eager calls took the vendor path too
+    padded = {-(-t // wo_a.VENDOR_ROW_MULTIPLE) * wo_a.VENDOR_ROW_MULTIPLE for t in range(3, 14)}
+    assert vendor_calls and set(vendor_calls) == padded  # the eager calls took the vendor path too
+    torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("dynamic", [None, True])
+def test_vendor_path_pads_rows_to_the_vendor_multiple(monkeypatch, dynamic):
+    """The vendor GEMM (cuBLAS refuses a row count that is not a multiple of 4) gets the quantized rows padded to
+    VENDOR_ROW_MULTIPLE with zero pad rows and scale bytes, the real rows' bytes those of the kernel path's
+    quantization, and the forward drops the pad rows: eager and compiled, the kernel path's bits for T = 1..9.
+    Simulated on the CPU: the platform reads as CUDA and the vendor GEMM is our kernel."""
+    groups = 2
+    weight, scale = checkpoint(groups, seed=96)
+    plan = dsv4ops.prepare_wo_a(weight, scale, groups, 1024, rope_table(64), "cpu")
+    seen = []
+
+    def vendor(x, w, x_scale, w_scale, out_dtype):
+        if not torch.compiler.is_compiling():
+            seen.append((x.clone(), x_scale.clone()))
+        return torch.ops.dsv4.bmm_a8w8_mxscale(x, w, x_scale, w_scale, out_dtype)
+
+    monkeypatch.setattr(wo_a, "path_table_key", lambda device: "cuda")
+    monkeypatch.setattr(wo_a, "_vendor_block_scaled_bmm", vendor)
+    forward = lambda o_, p_: dsv4ops.wo_a_forward(o_, p_, plan, apply_inverse_rope=True)  # noqa: E731
+    torch._dynamo.reset()
+    compiled_forward = torch.compile(forward, fullgraph=True, dynamic=dynamic)
+    for t in range(1, 10):
+        o, positions = attention_output(t, groups * 8, seed=97 + t), torch.arange(t)
+        monkeypatch.setitem(wo_a.WO_A_GEMM_PATHS, "cuda", {1: ((None, "fp8_kernel"),)})
+        kernel_path = forward(o, positions)
+        monkeypatch.setitem(wo_a.WO_A_GEMM_PATHS, "cuda", {1: ((None, "vendor_fp8"),)})
+        seen.clear()
+        assert torch.equal(forward(o, positions), kernel_path)
+        assert torch.equal(compiled_forward(o, positions), kernel_path)
+        (x, x_scale), = seen
+        rows = -(-t // wo_a.VENDOR_ROW_MULTIPLE) * wo_a.VENDOR_ROW_MULTIPLE
+        assert x.shape[0] == rows and x_scale.shape[0] == rows
+        want = dsv4ops.inverse_rope_group_quant(o, positions, plan.cos_sin, groups, fp8_format="ocp",
+                                                quant_max=plan.quant_max, apply_inverse_rope=True)
+        assert_bytes_equal(x[:t], want[0])
+        assert_bytes_equal(x_scale[:t], want[1])
+        assert not bool(x[t:].view(torch.uint8).any()) and not bool(x_scale[t:].any()), "pad rows are zeros"
     torch._dynamo.reset()
 
 
@@ -920,6 +964,31 @@ def test_reference_path_serves_the_wrappers(monkeypatch):
     assert_gemm_close(dsv4ops.bmm_a8w8_mxscale(fallback[0], w, fallback[1], w_scale, torch.float32), kernel_gemm)
     with pytest.raises(ValueError, match="positions must be 1-D with >= S entries"):
         dsv4ops.inverse_rope_group_quant(o, positions[:1], cos_sin, 2, fp8_format="ocp", apply_inverse_rope=True)
+
+
+@pytest.mark.parametrize("disable", ["", "all"])
+@pytest.mark.parametrize("device", DEVICES)
+def test_group_quant_wrapper_fills_caller_owned_outputs(monkeypatch, device, disable):
+    """The wrapper's out=: the kernel's .out form or (every kernel disabled) the reference's bytes copied into
+    the caller's tensors, uint8 views of the payload included; outputs of another shape or dtype refused."""
+    monkeypatch.setenv("DSV4OPS_DISABLE", disable)
+    o, positions, cos_sin = attention_output(3, 16, seed=36).to(device), torch.arange(3, device=device), rope_table(8)
+    cos_sin = cos_sin.to(device)
+    want = reference.inverse_rope_group_quant(o.cpu(), positions.cpu(), cos_sin.cpu(), 2, 128, 0, 448.0, True)
+    for payload_dtype in (torch.float8_e4m3fn, torch.uint8):
+        x = torch.full((3, 2, 4096), 7, dtype=torch.uint8, device=device).view(payload_dtype)
+        x_scale = torch.full((3, 2, 32), 7, dtype=torch.uint8, device=device)
+        got = dsv4ops.inverse_rope_group_quant(o, positions, cos_sin, 2, fp8_format="ocp", quant_max=448.0,
+                                               apply_inverse_rope=True, out=(x, x_scale))
+        assert got[0] is x and got[1] is x_scale
+        assert_bytes_equal(x.view(torch.float8_e4m3fn), want[0])
+        assert_bytes_equal(x_scale, want[1])
+    with pytest.raises((ValueError, RuntimeError), match="x_scale"):
+        dsv4ops.inverse_rope_group_quant(o, positions, cos_sin, 2, fp8_format="ocp", apply_inverse_rope=True,
+                                         out=(x, torch.empty(3, 2, 31, dtype=torch.uint8, device=device)))
+    with pytest.raises((ValueError, RuntimeError), match="x_fp8"):
+        dsv4ops.inverse_rope_group_quant(o, positions, cos_sin, 2, fp8_format="ocp", apply_inverse_rope=True,
+                                         out=(torch.empty(3, 2, 4096, device=device), x_scale))
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from typing import Optional
+from typing import Optional, Tuple
 
 import torch
 
@@ -38,8 +38,8 @@ GROUP_SIZE = 128
 # A plan takes the rows of the largest listed G <= its G (the smallest listed G below that). Paths:
 #   "fp8_kernel"  quantize (inverse_rope_group_quant) + dsv4ops' grouped FP8 GEMM (bmm_a8w8_mxscale);
 #   "vendor_fp8"  the same quantization + the vendor block-scaled FP8 GEMM (torch._scaled_mm with 1x128 /
-#                 128x128 scales, one call per group; CUDA with OCP operands and T >= 2 only, else
-#                 "fp8_kernel");
+#                 128x128 scales, one call per group, T padded to VENDOR_ROW_MULTIPLE rows; CUDA with OCP
+#                 operands and T >= 1 only, else "fp8_kernel");
 #   "bf16"        the BF16 path (inverse RoPE, BF16 einsum on the dequantized weight, built on first use: it
 #                 doubles this layer's weight memory once chosen).
 # Platforms not listed (ROCm: not measured yet) take "fp8_kernel". Tune the rows from bench/bench_wo_a.py on the
@@ -86,17 +86,31 @@ def gemm_path(tokens: int, groups: int, platform_key: str, table: Optional[dict]
 
 
 _vendor_refused: set = set()  # (T, G) the vendor GEMM refused: served by our kernel from then on
+# cuBLAS's block-scaled FP8 GEMM refuses a row count M that is not a multiple of 4 (H200, CUDA 13: M = 1, 2, 3, 7,
+# 9, ..., 129, 255, 4095 refused; 4, 8, ..., 128, 1000 served): the vendor path quantizes into buffers padded to a
+# multiple of this many rows (pad rows zero) and drops the pad rows of the product.
+VENDOR_ROW_MULTIPLE = 4
 
 
 def _vendor_block_scaled_bmm(x: torch.Tensor, w: torch.Tensor, x_scale: torch.Tensor, w_scale: torch.Tensor,
                              out_dtype: torch.dtype) -> torch.Tensor:
     """torch._scaled_mm per group with fp32 power-of-two block scales: A [M, K] with its (M, K/128) scale in
-    column-major layout, B = w[g].t() with the (K/128, N/128) scale."""
+    column-major layout, B = w[g].t() with the (K/128, N/128) scale. M a multiple of VENDOR_ROW_MULTIPLE."""
     sx = torch.pow(2.0, x_scale.view(torch.uint8).float() - 127)
     sw = torch.pow(2.0, w_scale.view(torch.uint8).float() - 127)
-    outs = [torch._scaled_mm(x[:, g], w[g].t(), scale_a=sx[:, g].t().contiguous().t(), scale_b=sw[g].t(),
-                             out_dtype=out_dtype) for g in range(x.shape[1])]
-    return torch.stack(outs, dim=1)
+
+    def group_product(g: int, out: Optional[torch.Tensor] = None) -> torch.Tensor:
+        return torch._scaled_mm(x[:, g], w[g].t(), scale_a=sx[:, g].t().contiguous().t(), scale_b=sw[g].t(),
+                                out_dtype=out_dtype, out=out)
+
+    if torch.compiler.is_compiling():  # Dynamo refuses a strided out=: the groups are stacked (one more copy)
+        return torch.stack([group_product(g) for g in range(x.shape[1])], dim=1)
+    # Each group straight into its columns of the result (H200, N = 1024, K = 4096, M = 16384: 7-9% faster than
+    # stacking at G = 2, 8 and 16; the same bits).
+    result = torch.empty(x.shape[0], x.shape[1], w.shape[1], device=x.device, dtype=out_dtype)
+    for g in range(x.shape[1]):
+        group_product(g, result[:, g])
+    return result
 
 
 def _bf16_fit(o: torch.Tensor) -> Optional[str]:
@@ -105,19 +119,33 @@ def _bf16_fit(o: torch.Tensor) -> Optional[str]:
 
 def inverse_rope_group_quant(o: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor, num_groups: int,
                              group_size: int = GROUP_SIZE, fp8_format=None, quant_max: Optional[float] = None, *,
-                             apply_inverse_rope: bool):
+                             apply_inverse_rope: bool, out: Optional[Tuple[torch.Tensor, torch.Tensor]] = None):
     """o bf16 [S, H, 512] -> (x_fp8 [S, G, D], x_scale uint8 [S, G, D / group_size]), D = H * 512 / G: the
     inverse rotation of lanes 448..511 of every head when `apply_inverse_rope`, then per (token, group of group_size
     lanes) an RCEIL UE8M0 scale and FP8 values (spec §3). cos_sin [P, 64] (cos || sin), fp32 or bf16;
     positions int32/int64 clamped to [0, P - 1]. Encoding and quant max default to the device's.
-    apply_inverse_rope has no default: whether o's rope lanes are still rotated is never inferred (spec §2)."""
+    apply_inverse_rope has no default: whether o's rope lanes are still rotated is never inferred (spec §2).
+    out: caller-owned (x_fp8, x_scale) of those shapes (x_fp8 in the encoding's dtype or uint8, x_scale uint8 or
+    float8_e8m0fnu), filled and returned."""
     fmt, qmax = format_and_quant_max(o.device, fp8_format, quant_max)
     if dispatch.choose("inverse_rope_group_quant", o.device, lambda: _bf16_fit(o)).uses_kernel:
-        return torch.ops.dsv4.inverse_rope_group_quant(o.contiguous(), positions.contiguous(), cos_sin.contiguous(),
-                                                       int(num_groups), int(group_size), int(fmt), qmax,
-                                                       bool(apply_inverse_rope))
-    return reference.inverse_rope_group_quant(o, positions, cos_sin, int(num_groups), int(group_size), fmt, qmax,
-                                              bool(apply_inverse_rope))
+        args = (o.contiguous(), positions.contiguous(), cos_sin.contiguous(), int(num_groups), int(group_size),
+                int(fmt), qmax, bool(apply_inverse_rope))
+        if out is None:
+            return torch.ops.dsv4.inverse_rope_group_quant(*args)
+        torch.ops.dsv4.inverse_rope_group_quant.out(*args, x_fp8=out[0], x_scale=out[1])
+        return out
+    result = reference.inverse_rope_group_quant(o, positions, cos_sin, int(num_groups), int(group_size), fmt, qmax,
+                                                bool(apply_inverse_rope))
+    if out is None:
+        return result
+    for name, given, made, dtypes in (("x_fp8", out[0], result[0], (result[0].dtype, torch.uint8)),
+                                      ("x_scale", out[1], result[1], reference_fp8.UE8M0_DTYPES)):
+        if tuple(given.shape) != tuple(made.shape) or given.dtype not in dtypes:
+            raise ValueError(f"inverse_rope_group_quant: {name} must be {tuple(made.shape)} in one of {dtypes}, got "
+                             f"{given.dtype} {tuple(given.shape)}")
+        given.view(torch.uint8).copy_(made.view(torch.uint8))  # the bytes, as the kernel writes them
+    return out
 
 
 def inverse_rope(o: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor) -> torch.Tensor:
@@ -288,22 +316,39 @@ def wo_a_forward(o: torch.Tensor, positions: torch.Tensor, plan: WoAPlan, apply_
                           o.dtype)
         path = "bf16"
     # (Not looked up in the refused shapes while compiling: that would make the token count a constant of the graph.)
-    if path == "vendor_fp8" and (platform_key != "cuda" or t < 2 or plan.fp8_format is not Fp8Format.OCP
+    if path == "vendor_fp8" and (platform_key != "cuda" or t == 0 or plan.fp8_format is not Fp8Format.OCP
                                  or (not torch.compiler.is_compiling() and (t, g) in _vendor_refused)):
         path = "fp8_kernel"
     if path in ("fp8_kernel", "vendor_fp8"):
-        x_fp8, x_scale = inverse_rope_group_quant(o, positions, plan.cos_sin, g, GROUP_SIZE, plan.fp8_format,
-                                                  plan.quant_max, apply_inverse_rope=apply_inverse_rope)
         w = plan.weight.view(g, plan.o_lora_rank, -1)
+        quantize = lambda out=None: inverse_rope_group_quant(  # noqa: E731
+            o, positions, plan.cos_sin, g, GROUP_SIZE, plan.fp8_format, plan.quant_max,
+            apply_inverse_rope=apply_inverse_rope, out=out)
         z = None
         if path == "vendor_fp8":
+            rows = -(-t // VENDOR_ROW_MULTIPLE) * VENDOR_ROW_MULTIPLE
+            depth = heads * HEAD_DIM // g
+            # Bytes, viewed as e4m3fn after: Inductor cannot zero an FP8 tensor's rows. The last VENDOR_ROW_MULTIPLE
+            # rows are zeroed before the quantization writes the first t, so that the pad rows stay zero and the
+            # slices keep sizes the compiler need not specialize (the pad rows alone number 0 to 3; 0 and 1 would
+            # each be a graph of their own). Under torch.compile with a symbolic T two graphs remain: T a multiple
+            # of VENDOR_ROW_MULTIPLE or not.
+            x_bytes = o.new_empty((rows, g, depth), dtype=torch.uint8)
+            x_scale = o.new_empty((rows, g, depth // GROUP_SIZE), dtype=torch.uint8)
+            x_bytes[rows - VENDOR_ROW_MULTIPLE:].zero_()
+            x_scale[rows - VENDOR_ROW_MULTIPLE:].zero_()
+            quantize((x_bytes[:t], x_scale[:t]))
+            x_fp8 = x_bytes.view(torch.float8_e4m3fn)
             try:
-                z = _vendor_block_scaled_bmm(x_fp8, w, x_scale, plan.weight_scale, o.dtype)
-            except RuntimeError as error:  # a shape the vendor library refuses (e.g. cuBLAS at M = 1)
+                z = _vendor_block_scaled_bmm(x_fp8, w, x_scale, plan.weight_scale, o.dtype)[:t]
+            except RuntimeError as error:  # a shape the vendor library refuses
                 _vendor_refused.add((t, g))  # not asked again for this shape
                 dispatch.log_once(("wo_a", "vendor", g), logging.WARNING,
                                   "dsv4ops: wo_a falls back to the dsv4ops FP8 GEMM: the vendor block-scaled GEMM "
                                   "refused G=%d T=%d (logged once per G): %s", g, t, str(error).splitlines()[0][:160])
+                x_fp8, x_scale = x_fp8[:t], x_scale[:t]
+        else:
+            x_fp8, x_scale = quantize()
         if z is None:
             # The block sums in the matrix unit's precision, like the vendor GEMM's (see bmm_a8w8_mxscale).
             z = bmm_a8w8_mxscale(x_fp8, w, x_scale, plan.weight_scale, o.dtype, reduced_precision_block_sums=True)
