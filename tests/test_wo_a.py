@@ -537,6 +537,20 @@ def test_opcheck_and_compile():
         torch.testing.assert_close(torch.compile(f, fullgraph=True)(o), f(o), rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("device", DEVICES)
+def test_opcheck_vendor_op(monkeypatch, device):
+    """The vendor GEMM's opaque op (what a compiled wo_a forward calls): fake and AOT checks; on the CPU, where the
+    vendor GEMM refuses, through its fallback to our kernel."""
+    monkeypatch.setattr(wo_a, "_vendor_refused", set())
+    x, x_scale = quantized_activation(4, 2, 4096, seed=13)
+    w, w_scale = quantized_weight(2, 128, 4096, seed=14)
+    args = tuple(t.to(device) for t in (x, w, x_scale, w_scale)) + (torch.bfloat16,)
+    torch.library.opcheck(torch.ops.dsv4_vendor.block_scaled_bmm.default, args,
+                          test_utils=("test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic"))
+    got = torch.ops.dsv4_vendor.block_scaled_bmm(*args).float().cpu()
+    assert_gemm_close(got, reference.bmm_a8w8_mxscale(x, w, x_scale, w_scale, torch.float32))  # bf16: <= 2^-9 a value
+
+
 # ---- prepare_wo_a and the end-to-end paths ----
 
 
@@ -854,9 +868,8 @@ def test_vendor_path_compiles_twice_for_every_token_count(monkeypatch):
     plan = dsv4ops.prepare_wo_a(weight, scale, groups, 1024, rope_table(64), "cpu")
     vendor_calls = []
 
-    def vendor(x, w, x_scale, w_scale, out_dtype):
-        if not torch.compiler.is_compiling():  # a list the graph appends to would be guarded on
-            vendor_calls.append(x.shape[0])
+    def vendor(x, w, x_scale, w_scale, out_dtype):  # run eagerly, compiled calls included (an opaque op there)
+        vendor_calls.append(x.shape[0])
         return torch.ops.dsv4.bmm_a8w8_mxscale(x, w, x_scale, w_scale, out_dtype)
 
     monkeypatch.setattr(wo_a, "path_table_key", lambda device: "cuda")
@@ -871,8 +884,37 @@ def test_vendor_path_compiles_twice_for_every_token_count(monkeypatch):
         with torch._dynamo.config.patch(error_on_recompile=t > 4):  # 3: the padded graph; 4: the unpadded
             assert torch.equal(compiled_forward(o, positions), forward(o, positions))
     padded = {-(-t // wo_a.VENDOR_ROW_MULTIPLE) * wo_a.VENDOR_ROW_MULTIPLE for t in range(3, 14)}
-    assert vendor_calls and set(vendor_calls) == padded  # the eager calls took the vendor path too
+    assert vendor_calls and set(vendor_calls) == padded and len(vendor_calls) == 2 * 11  # compiled and eager
     torch._dynamo.reset()
+
+
+def test_vendor_refusal_falls_back_to_the_kernel_eager_and_compiled(monkeypatch, caplog):
+    """A shape the vendor GEMM refuses is served by our kernel, eagerly and inside a compiled graph (the vendor GEMM
+    is an opaque op there, run eagerly), logged once, and not offered to the vendor again. Simulated on the CPU."""
+    groups = 2
+    weight, scale = checkpoint(groups, seed=98)
+    plan = dsv4ops.prepare_wo_a(weight, scale, groups, 1024, rope_table(64), "cpu")
+    offered = []
+
+    def refusing_vendor(x, *_):
+        offered.append(x.shape[0])
+        raise RuntimeError("CUBLAS_STATUS_NOT_SUPPORTED (simulated)")
+
+    monkeypatch.setattr(wo_a, "path_table_key", lambda device: "cuda")
+    monkeypatch.setattr(wo_a, "_vendor_block_scaled_bmm", refusing_vendor)
+    monkeypatch.setattr(wo_a, "_vendor_refused", set())
+    forward = lambda o_, p_: dsv4ops.wo_a_forward(o_, p_, plan, apply_inverse_rope=True)  # noqa: E731
+    o, positions = attention_output(6, groups * 8, seed=99), torch.arange(6)
+    monkeypatch.setitem(wo_a.WO_A_GEMM_PATHS, "cuda", {1: ((None, "fp8_kernel"),)})
+    kernel_path = forward(o, positions)
+    monkeypatch.setitem(wo_a.WO_A_GEMM_PATHS, "cuda", {1: ((None, "vendor_fp8"),)})
+    torch._dynamo.reset()
+    with caplog.at_level(logging.WARNING, logger="dsv4ops"):
+        assert torch.equal(torch.compile(forward, fullgraph=True)(o, positions), kernel_path)
+        assert torch.equal(forward(o, positions), kernel_path)
+    torch._dynamo.reset()
+    assert offered == [8] and wo_a._vendor_refused == {(8, groups)}
+    assert sum("vendor block-scaled GEMM refused G=2 M=8" in r.getMessage() for r in caplog.records) == 1
 
 
 @pytest.mark.parametrize("dynamic", [None, True])
@@ -886,9 +928,8 @@ def test_vendor_path_pads_rows_to_the_vendor_multiple(monkeypatch, dynamic):
     plan = dsv4ops.prepare_wo_a(weight, scale, groups, 1024, rope_table(64), "cpu")
     seen = []
 
-    def vendor(x, w, x_scale, w_scale, out_dtype):
-        if not torch.compiler.is_compiling():
-            seen.append((x.clone(), x_scale.clone()))
+    def vendor(x, w, x_scale, w_scale, out_dtype):  # run eagerly, compiled calls included (an opaque op there)
+        seen.append((x.clone(), x_scale.clone()))
         return torch.ops.dsv4.bmm_a8w8_mxscale(x, w, x_scale, w_scale, out_dtype)
 
     monkeypatch.setattr(wo_a, "path_table_key", lambda device: "cuda")
@@ -904,14 +945,15 @@ def test_vendor_path_pads_rows_to_the_vendor_multiple(monkeypatch, dynamic):
         seen.clear()
         assert torch.equal(forward(o, positions), kernel_path)
         assert torch.equal(compiled_forward(o, positions), kernel_path)
-        (x, x_scale), = seen
+        assert len(seen) == 2, "the eager and the compiled call took the vendor GEMM"
         rows = -(-t // wo_a.VENDOR_ROW_MULTIPLE) * wo_a.VENDOR_ROW_MULTIPLE
-        assert x.shape[0] == rows and x_scale.shape[0] == rows
         want = dsv4ops.inverse_rope_group_quant(o, positions, plan.cos_sin, groups, fp8_format="ocp",
                                                 quant_max=plan.quant_max, apply_inverse_rope=True)
-        assert_bytes_equal(x[:t], want[0])
-        assert_bytes_equal(x_scale[:t], want[1])
-        assert not bool(x[t:].view(torch.uint8).any()) and not bool(x_scale[t:].any()), "pad rows are zeros"
+        for x, x_scale in seen:
+            assert x.shape[0] == rows and x_scale.shape[0] == rows
+            assert_bytes_equal(x[:t], want[0])
+            assert_bytes_equal(x_scale[:t], want[1])
+            assert not bool(x[t:].view(torch.uint8).any()) and not bool(x_scale[t:].any()), "pad rows are zeros"
     torch._dynamo.reset()
 
 

@@ -38,8 +38,8 @@ GROUP_SIZE = 128
 # A plan takes the rows of the largest listed G <= its G (the smallest listed G below that). Paths:
 #   "fp8_kernel"  quantize (inverse_rope_group_quant) + dsv4ops' grouped FP8 GEMM (bmm_a8w8_mxscale);
 #   "vendor_fp8"  the same quantization + the vendor block-scaled FP8 GEMM (torch._scaled_mm with 1x128 /
-#                 128x128 scales, one call per group, T padded to VENDOR_ROW_MULTIPLE rows; CUDA with OCP
-#                 operands and T >= 1 only, else "fp8_kernel");
+#                 128x128 scales, one call per group, T padded to VENDOR_ROW_MULTIPLE rows; our kernel for a
+#                 shape it refuses; CUDA with OCP operands and T >= 1 only, else "fp8_kernel");
 #   "bf16"        the BF16 path (inverse RoPE, BF16 einsum on the dequantized weight, built on first use: it
 #                 doubles this layer's weight memory once chosen).
 # Platforms not listed (ROCm: not measured yet) take "fp8_kernel". Tune the rows from bench/bench_wo_a.py on the
@@ -85,7 +85,7 @@ def gemm_path(tokens: int, groups: int, platform_key: str, table: Optional[dict]
     return "fp8_kernel"
 
 
-_vendor_refused: set = set()  # (T, G) the vendor GEMM refused: served by our kernel from then on
+_vendor_refused: set = set()  # (M, G) the vendor GEMM refused: served by our kernel from then on
 # cuBLAS's block-scaled FP8 GEMM refuses a row count M that is not a multiple of 4 (H200, CUDA 13: M = 1, 2, 3, 7,
 # 9, ..., 129, 255, 4095 refused; 4, 8, ..., 128, 1000 served): the vendor path quantizes into buffers padded to a
 # multiple of this many rows (pad rows zero) and drops the pad rows of the product.
@@ -95,22 +95,46 @@ VENDOR_ROW_MULTIPLE = 4
 def _vendor_block_scaled_bmm(x: torch.Tensor, w: torch.Tensor, x_scale: torch.Tensor, w_scale: torch.Tensor,
                              out_dtype: torch.dtype) -> torch.Tensor:
     """torch._scaled_mm per group with fp32 power-of-two block scales: A [M, K] with its (M, K/128) scale in
-    column-major layout, B = w[g].t() with the (K/128, N/128) scale. M a multiple of VENDOR_ROW_MULTIPLE."""
+    column-major layout, B = w[g].t() with the (K/128, N/128) scale, each group's product written straight into
+    its columns of the [M, G, N] result (H200, N = 1024, K = 4096, M = 16384: 7-9% faster than stacking them at
+    G = 2, 8 and 16; the same bits). M a multiple of VENDOR_ROW_MULTIPLE."""
     sx = torch.pow(2.0, x_scale.view(torch.uint8).float() - 127)
     sw = torch.pow(2.0, w_scale.view(torch.uint8).float() - 127)
-
-    def group_product(g: int, out: Optional[torch.Tensor] = None) -> torch.Tensor:
-        return torch._scaled_mm(x[:, g], w[g].t(), scale_a=sx[:, g].t().contiguous().t(), scale_b=sw[g].t(),
-                                out_dtype=out_dtype, out=out)
-
-    if torch.compiler.is_compiling():  # Dynamo refuses a strided out=: the groups are stacked (one more copy)
-        return torch.stack([group_product(g) for g in range(x.shape[1])], dim=1)
-    # Each group straight into its columns of the result (H200, N = 1024, K = 4096, M = 16384: 7-9% faster than
-    # stacking at G = 2, 8 and 16; the same bits).
     result = torch.empty(x.shape[0], x.shape[1], w.shape[1], device=x.device, dtype=out_dtype)
     for g in range(x.shape[1]):
-        group_product(g, result[:, g])
+        torch._scaled_mm(x[:, g], w[g].t(), scale_a=sx[:, g].t().contiguous().t(), scale_b=sw[g].t(),
+                         out_dtype=out_dtype, out=result[:, g])
     return result
+
+
+def _vendor_bmm_or_kernel(x: torch.Tensor, w: torch.Tensor, x_scale: torch.Tensor, w_scale: torch.Tensor,
+                          out_dtype: torch.dtype) -> torch.Tensor:
+    """The vendor GEMM, or where it refuses the shape our kernel with the vendor's block-sum numerics (logged once
+    per G; the shape is not offered to the vendor again)."""
+    shape = (x.shape[0], x.shape[1])
+    if shape not in _vendor_refused:
+        try:
+            return _vendor_block_scaled_bmm(x, w, x_scale, w_scale, out_dtype)
+        except (RuntimeError, ValueError) as error:  # torch's checks raise ValueError, cuBLAS's RuntimeError
+            _vendor_refused.add(shape)
+            dispatch.log_once(("wo_a", "vendor", shape[1]), logging.WARNING,
+                              "dsv4ops: wo_a falls back to the dsv4ops FP8 GEMM: the vendor block-scaled GEMM refused "
+                              "G=%d M=%d (logged once per G): %s", shape[1], shape[0], str(error).splitlines()[0][:160])
+    return bmm_a8w8_mxscale(x, w, x_scale, w_scale, out_dtype, reduced_precision_block_sums=True)
+
+
+# Under torch.compile the vendor GEMM is this opaque op, run eagerly: Inductor's lowering of the block-scaled
+# torch._scaled_mm fails on symbolic shapes (torch 2.11: "Inductor Triton does not support scale_a.shape"), a
+# refusal could not be caught inside a graph, and Dynamo refuses the strided out= the groups are written with.
+@torch.library.custom_op("dsv4_vendor::block_scaled_bmm", mutates_args=())
+def _vendor_bmm_op(x: torch.Tensor, w: torch.Tensor, x_scale: torch.Tensor, w_scale: torch.Tensor,
+                   out_dtype: torch.dtype) -> torch.Tensor:
+    return _vendor_bmm_or_kernel(x, w, x_scale, w_scale, out_dtype)
+
+
+@_vendor_bmm_op.register_fake
+def _(x, w, x_scale, w_scale, out_dtype):
+    return x.new_empty((x.shape[0], x.shape[1], w.shape[1]), dtype=out_dtype)
 
 
 def _bf16_fit(o: torch.Tensor) -> Optional[str]:
@@ -315,16 +339,10 @@ def wo_a_forward(o: torch.Tensor, positions: torch.Tensor, plan: WoAPlan, apply_
                           "dsv4ops: wo_a uses the BF16 path for this call: o has dtype %s; the FP8 path takes bf16",
                           o.dtype)
         path = "bf16"
-    # (Not looked up in the refused shapes while compiling: that would make the token count a constant of the graph.)
-    if path == "vendor_fp8" and (platform_key != "cuda" or t == 0 or plan.fp8_format is not Fp8Format.OCP
-                                 or (not torch.compiler.is_compiling() and (t, g) in _vendor_refused)):
+    if path == "vendor_fp8" and (platform_key != "cuda" or t == 0 or plan.fp8_format is not Fp8Format.OCP):
         path = "fp8_kernel"
     if path in ("fp8_kernel", "vendor_fp8"):
         w = plan.weight.view(g, plan.o_lora_rank, -1)
-        quantize = lambda out=None: inverse_rope_group_quant(  # noqa: E731
-            o, positions, plan.cos_sin, g, GROUP_SIZE, plan.fp8_format, plan.quant_max,
-            apply_inverse_rope=apply_inverse_rope, out=out)
-        z = None
         if path == "vendor_fp8":
             rows = -(-t // VENDOR_ROW_MULTIPLE) * VENDOR_ROW_MULTIPLE
             depth = heads * HEAD_DIM // g
@@ -337,19 +355,14 @@ def wo_a_forward(o: torch.Tensor, positions: torch.Tensor, plan: WoAPlan, apply_
             x_scale = o.new_empty((rows, g, depth // GROUP_SIZE), dtype=torch.uint8)
             x_bytes[rows - VENDOR_ROW_MULTIPLE:].zero_()
             x_scale[rows - VENDOR_ROW_MULTIPLE:].zero_()
-            quantize((x_bytes[:t], x_scale[:t]))
+            inverse_rope_group_quant(o, positions, plan.cos_sin, g, GROUP_SIZE, plan.fp8_format, plan.quant_max,
+                                     apply_inverse_rope=apply_inverse_rope, out=(x_bytes[:t], x_scale[:t]))
             x_fp8 = x_bytes.view(torch.float8_e4m3fn)
-            try:
-                z = _vendor_block_scaled_bmm(x_fp8, w, x_scale, plan.weight_scale, o.dtype)[:t]
-            except RuntimeError as error:  # a shape the vendor library refuses
-                _vendor_refused.add((t, g))  # not asked again for this shape
-                dispatch.log_once(("wo_a", "vendor", g), logging.WARNING,
-                                  "dsv4ops: wo_a falls back to the dsv4ops FP8 GEMM: the vendor block-scaled GEMM "
-                                  "refused G=%d T=%d (logged once per G): %s", g, t, str(error).splitlines()[0][:160])
-                x_fp8, x_scale = x_fp8[:t], x_scale[:t]
+            vendor = torch.ops.dsv4_vendor.block_scaled_bmm if torch.compiler.is_compiling() else _vendor_bmm_or_kernel
+            z = vendor(x_fp8, w, x_scale, plan.weight_scale, o.dtype)[:t]
         else:
-            x_fp8, x_scale = quantize()
-        if z is None:
+            x_fp8, x_scale = inverse_rope_group_quant(o, positions, plan.cos_sin, g, GROUP_SIZE, plan.fp8_format,
+                                                      plan.quant_max, apply_inverse_rope=apply_inverse_rope)
             # The block sums in the matrix unit's precision, like the vendor GEMM's (see bmm_a8w8_mxscale).
             z = bmm_a8w8_mxscale(x_fp8, w, x_scale, plan.weight_scale, o.dtype, reduced_precision_block_sums=True)
     else:
