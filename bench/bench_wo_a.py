@@ -185,6 +185,8 @@ def bench_inverse_rope(device, ceiling, compile_peers):
     return rows
 
 
+# (local heads, local groups): Flash at TP8 and Pro at TP8 (or Flash at TP4), Flash and Pro at TP1
+FORWARD_SHAPES = [(8, 1), (16, 2), (64, 8), (128, 16)]
 FORWARD_TOKENS = [1, 16, 64, 256, 1024, 4096, 4097, 16384]  # 4097: the vendor GEMM's rows padded to 4100
 BF16_PATH = "BF16 path (inverse_rope + BF16 einsum)"
 
@@ -198,7 +200,7 @@ def bench_forward(device, ceiling, compile_peers):
         HEADER_NOTES.append(f"no wo_a kernels for {device} in this build: no forward rows")
         return rows
     cos_sin = _rope_table(device)
-    for heads, g in QUANT_SHAPES:
+    for heads, g in FORWARD_SHAPES:
         # One plan (one layer's weight) per input set: in a model, the other layers' weights pass through
         # the L2 between two calls of a layer, so a weight that fits the L2 must not stay there between calls.
         plans = []
@@ -242,6 +244,7 @@ def shrink():
     GROUPS[:] = [2]
     TOKENS[:] = [1, 3]
     QUANT_SHAPES[:] = [(16, 2)]
+    FORWARD_SHAPES[:] = [(16, 2)]
     QUANT_TOKENS[:] = [1, 5]
     FORWARD_TOKENS[:] = [1, 3]
 
