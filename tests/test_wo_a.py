@@ -547,6 +547,8 @@ def test_opcheck_vendor_op(monkeypatch, device):
     args = tuple(t.to(device) for t in (x, w, x_scale, w_scale)) + (torch.bfloat16,)
     torch.library.opcheck(torch.ops.dsv4_vendor.block_scaled_bmm.default, args,
                           test_utils=("test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic"))
+    if device == "cpu":  # torch's CPU _scaled_mm takes no block scales
+        assert wo_a._vendor_refused == {(4, 2)}, "the CPU call went through the fallback"
     got = torch.ops.dsv4_vendor.block_scaled_bmm(*args).float().cpu()
     assert_gemm_close(got, reference.bmm_a8w8_mxscale(x, w, x_scale, w_scale, torch.float32))  # bf16: <= 2^-9 a value
 
@@ -805,6 +807,7 @@ def test_forward_follows_the_path_table(monkeypatch, device, fp8_format, t):
         return z
 
     monkeypatch.setattr(wo_a, "_vendor_block_scaled_bmm", recording_vendor)
+    monkeypatch.setattr(wo_a, "_vendor_refused", set())
     groups = 2
     weight, scale = checkpoint(groups, seed=90)
     weight, scale, cos_sin = weight.to(device), scale.to(device), rope_table(64).to(device)
@@ -822,8 +825,8 @@ def test_forward_follows_the_path_table(monkeypatch, device, fp8_format, t):
         assert not vendor_calls
     else:
         if torch.version.cuda is not None:  # cuBLAS serves this shape: the comparison is not kernel vs kernel
-            assert vendor_calls, "the vendor GEMM fell back to the kernel"
-            assert not wo_a._vendor_refused
+            padded_rows = -(-t // wo_a.VENDOR_ROW_MULTIPLE) * wo_a.VENDOR_ROW_MULTIPLE
+            assert vendor_calls == [(padded_rows, groups, 1024)], "the vendor GEMM served the padded rows"
         assert float((results["vendor_fp8"] - kernel).norm() / kernel.norm()) < 1e-2
     assert plan._dense_weight is not None, "the BF16 path built the dequantized weight"
     bf16 = results["bf16"]
@@ -836,8 +839,9 @@ def test_forward_follows_the_path_table(monkeypatch, device, fp8_format, t):
 @pytest.mark.parametrize("device", DEVICES)
 def test_forward_compiles_fullgraph_on_every_path(monkeypatch, device, path, dynamic):
     """wo_a_forward under torch.compile(fullgraph=True) gives the eager result on each path of the table, with
-    static and symbolic token counts: the path is chosen while tracing, the vendor GEMM (cuBLAS per group; on the
-    CPU the vendor path is our kernel) and the BF16 path's lazily built dense weight are traced into the graph."""
+    static and symbolic token counts: the path is chosen while tracing, the vendor GEMM (cuBLAS per group, as the
+    opaque op dsv4_vendor::block_scaled_bmm run eagerly; on the CPU the vendor path is our kernel) and the BF16
+    path's lazily built dense weight are in the graph."""
     groups = 2
     weight, scale = checkpoint(groups, seed=92)
     weight, scale, cos_sin = weight.to(device), scale.to(device), rope_table(64).to(device)
@@ -858,7 +862,7 @@ def test_forward_compiles_fullgraph_on_every_path(monkeypatch, device, path, dyn
     torch._dynamo.reset()
 
 
-def test_vendor_path_compiles_twice_for_every_token_count(monkeypatch):
+def test_vendor_path_compiles_two_graphs_for_all_token_counts(monkeypatch):
     """With dynamic=True two graphs serve every token count on the vendor path (T a multiple of the vendor's row
     multiple, and T padded to one): nothing there may make T a constant of the graph (looking (T, G) up in the
     refused shapes did: a recompile per T, and fullgraph failed at the ninth). Simulated on the CPU: the platform
@@ -1008,29 +1012,40 @@ def test_reference_path_serves_the_wrappers(monkeypatch):
         dsv4ops.inverse_rope_group_quant(o, positions[:1], cos_sin, 2, fp8_format="ocp", apply_inverse_rope=True)
 
 
+@pytest.mark.parametrize("scale_dtype", [torch.uint8, torch.float8_e8m0fnu])
+@pytest.mark.parametrize("fmt,qmax", [(Fp8Format.OCP, 448.0), (Fp8Format.FNUZ, 224.0)])
 @pytest.mark.parametrize("disable", ["", "all"])
 @pytest.mark.parametrize("device", DEVICES)
-def test_group_quant_wrapper_fills_caller_owned_outputs(monkeypatch, device, disable):
+def test_group_quant_wrapper_fills_caller_owned_outputs(monkeypatch, device, disable, fmt, qmax, scale_dtype):
     """The wrapper's out=: the kernel's .out form or (every kernel disabled) the reference's bytes copied into
-    the caller's tensors, uint8 views of the payload included; outputs of another shape or dtype refused."""
+    the caller's tensors, uint8 views of the payload included, a strided scale; outputs of another shape, dtype or
+    device and a strided payload refused (by the reference path before it computes)."""
     monkeypatch.setenv("DSV4OPS_DISABLE", disable)
     o, positions, cos_sin = attention_output(3, 16, seed=36).to(device), torch.arange(3, device=device), rope_table(8)
     cos_sin = cos_sin.to(device)
-    want = reference.inverse_rope_group_quant(o.cpu(), positions.cpu(), cos_sin.cpu(), 2, 128, 0, 448.0, True)
-    for payload_dtype in (torch.float8_e4m3fn, torch.uint8):
+    want = reference.inverse_rope_group_quant(o.cpu(), positions.cpu(), cos_sin.cpu(), 2, 128, fmt, qmax, True)
+    fp8_dtype = want[0].dtype
+    quantize = lambda out: dsv4ops.inverse_rope_group_quant(  # noqa: E731
+        o, positions, cos_sin, 2, fp8_format=fmt, quant_max=qmax, apply_inverse_rope=True, out=out)
+    for payload_dtype in (fp8_dtype, torch.uint8):
         x = torch.full((3, 2, 4096), 7, dtype=torch.uint8, device=device).view(payload_dtype)
-        x_scale = torch.full((3, 2, 32), 7, dtype=torch.uint8, device=device)
-        got = dsv4ops.inverse_rope_group_quant(o, positions, cos_sin, 2, fp8_format="ocp", quant_max=448.0,
-                                               apply_inverse_rope=True, out=(x, x_scale))
+        scale_buffer = torch.full((3, 2, 64), 7, dtype=torch.uint8, device=device)
+        x_scale = scale_buffer[:, :, ::2].view(scale_dtype)  # every other byte
+        got = quantize((x, x_scale))
         assert got[0] is x and got[1] is x_scale
-        assert_bytes_equal(x.view(torch.float8_e4m3fn), want[0])
-        assert_bytes_equal(x_scale, want[1])
+        assert_bytes_equal(x.view(fp8_dtype), want[0])
+        assert_bytes_equal(x_scale.view(torch.uint8), want[1])
+        assert bool((scale_buffer[:, :, 1::2] == 7).all()), "the bytes between the scale bytes are untouched"
+    scale = torch.empty(3, 2, 32, dtype=torch.uint8, device=device)
     with pytest.raises((ValueError, RuntimeError), match="x_scale"):
-        dsv4ops.inverse_rope_group_quant(o, positions, cos_sin, 2, fp8_format="ocp", apply_inverse_rope=True,
-                                         out=(x, torch.empty(3, 2, 31, dtype=torch.uint8, device=device)))
+        quantize((x, torch.empty(3, 2, 31, dtype=torch.uint8, device=device)))
     with pytest.raises((ValueError, RuntimeError), match="x_fp8"):
-        dsv4ops.inverse_rope_group_quant(o, positions, cos_sin, 2, fp8_format="ocp", apply_inverse_rope=True,
-                                         out=(torch.empty(3, 2, 4096, device=device), x_scale))
+        quantize((torch.empty(3, 2, 4096, device=device), scale))
+    with pytest.raises((ValueError, RuntimeError), match="x_fp8"):
+        quantize((torch.empty(3, 2, 8192, dtype=torch.uint8, device=device)[:, :, ::2], scale))
+    if device != "cpu":
+        with pytest.raises((ValueError, RuntimeError), match="x_scale|device"):
+            quantize((x, scale.cpu()))
 
 
 @pytest.mark.parametrize("device", DEVICES)

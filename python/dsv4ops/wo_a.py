@@ -85,7 +85,11 @@ def gemm_path(tokens: int, groups: int, platform_key: str, table: Optional[dict]
     return "fp8_kernel"
 
 
-_vendor_refused: set = set()  # (M, G) the vendor GEMM refused: served by our kernel from then on
+# (M, G) the vendor GEMM refused: served by our kernel from then on (per process; N, K, dtypes and the GPU are not in
+# the key: one model's layers share them).
+_vendor_refused: set = set()
+# Errors that say nothing about the shape (memory, a failed device): raised, never taken for a refusal.
+_NOT_REFUSALS = (torch.OutOfMemoryError,) + ((torch.AcceleratorError,) if hasattr(torch, "AcceleratorError") else ())
 # cuBLAS's block-scaled FP8 GEMM refuses a row count M that is not a multiple of 4 (H200, CUDA 13: M = 1, 2, 3, 7,
 # 9, ..., 129, 255, 4095 refused; 4, 8, ..., 128, 1000 served): the vendor path quantizes into buffers padded to a
 # multiple of this many rows (pad rows zero) and drops the pad rows of the product.
@@ -115,11 +119,14 @@ def _vendor_bmm_or_kernel(x: torch.Tensor, w: torch.Tensor, x_scale: torch.Tenso
     if shape not in _vendor_refused:
         try:
             return _vendor_block_scaled_bmm(x, w, x_scale, w_scale, out_dtype)
-        except (RuntimeError, ValueError) as error:  # torch's checks raise ValueError, cuBLAS's RuntimeError
+        except _NOT_REFUSALS:
+            raise
+        except (RuntimeError, ValueError) as error:  # cuBLAS: RuntimeError; torch's own scaling checks: ValueError
             _vendor_refused.add(shape)
+            first_line = (str(error).splitlines() or [repr(error)])[0][:160]
             dispatch.log_once(("wo_a", "vendor", shape[1]), logging.WARNING,
                               "dsv4ops: wo_a falls back to the dsv4ops FP8 GEMM: the vendor block-scaled GEMM refused "
-                              "G=%d M=%d (logged once per G): %s", shape[1], shape[0], str(error).splitlines()[0][:160])
+                              "G=%d M=%d (logged once per G): %s", shape[1], shape[0], first_line)
     return bmm_a8w8_mxscale(x, w, x_scale, w_scale, out_dtype, reduced_precision_block_sums=True)
 
 
@@ -149,8 +156,8 @@ def inverse_rope_group_quant(o: torch.Tensor, positions: torch.Tensor, cos_sin: 
     lanes) an RCEIL UE8M0 scale and FP8 values (spec §3). cos_sin [P, 64] (cos || sin), fp32 or bf16;
     positions int32/int64 clamped to [0, P - 1]. Encoding and quant max default to the device's.
     apply_inverse_rope has no default: whether o's rope lanes are still rotated is never inferred (spec §2).
-    out: caller-owned (x_fp8, x_scale) of those shapes (x_fp8 in the encoding's dtype or uint8, x_scale uint8 or
-    float8_e8m0fnu), filled and returned."""
+    out: caller-owned (x_fp8, x_scale) of those shapes on o's device (x_fp8 contiguous, in the encoding's dtype or
+    uint8; x_scale uint8 or float8_e8m0fnu, at any non-overlapping strides), filled and returned."""
     fmt, qmax = format_and_quant_max(o.device, fp8_format, quant_max)
     if dispatch.choose("inverse_rope_group_quant", o.device, lambda: _bf16_fit(o)).uses_kernel:
         args = (o.contiguous(), positions.contiguous(), cos_sin.contiguous(), int(num_groups), int(group_size),
@@ -159,17 +166,31 @@ def inverse_rope_group_quant(o: torch.Tensor, positions: torch.Tensor, cos_sin: 
             return torch.ops.dsv4.inverse_rope_group_quant(*args)
         torch.ops.dsv4.inverse_rope_group_quant.out(*args, x_fp8=out[0], x_scale=out[1])
         return out
+    if out is not None:
+        _check_group_quant_out(o, out, int(num_groups), int(group_size), fmt)
     result = reference.inverse_rope_group_quant(o, positions, cos_sin, int(num_groups), int(group_size), fmt, qmax,
                                                 bool(apply_inverse_rope))
     if out is None:
         return result
-    for name, given, made, dtypes in (("x_fp8", out[0], result[0], (result[0].dtype, torch.uint8)),
-                                      ("x_scale", out[1], result[1], reference_fp8.UE8M0_DTYPES)):
-        if tuple(given.shape) != tuple(made.shape) or given.dtype not in dtypes:
-            raise ValueError(f"inverse_rope_group_quant: {name} must be {tuple(made.shape)} in one of {dtypes}, got "
-                             f"{given.dtype} {tuple(given.shape)}")
+    for given, made in zip(out, result):
         given.view(torch.uint8).copy_(made.view(torch.uint8))  # the bytes, as the kernel writes them
     return out
+
+
+def _check_group_quant_out(o: torch.Tensor, out, num_groups: int, group_size: int, fmt: Fp8Format) -> None:
+    """The .out op's checks on caller-owned outputs, for the reference path (before it computes)."""
+    if o.dim() != 3 or num_groups <= 0 or group_size <= 0 or (o.shape[1] * o.shape[2]) % (num_groups * group_size):
+        return  # the reference refuses these inputs with its own message
+    depth = o.shape[1] * o.shape[2] // num_groups
+    payload_dtypes = (torch.float8_e4m3fnuz if fmt is Fp8Format.FNUZ else torch.float8_e4m3fn, torch.uint8)
+    for name, given, shape, dtypes in (("x_fp8", out[0], (o.shape[0], num_groups, depth), payload_dtypes),
+                                       ("x_scale", out[1], (o.shape[0], num_groups, depth // group_size),
+                                        reference_fp8.UE8M0_DTYPES)):
+        if tuple(given.shape) != shape or given.dtype not in dtypes or given.device != o.device:
+            raise ValueError(f"inverse_rope_group_quant: {name} must be {shape} in one of {dtypes} on {o.device}, "
+                             f"got {given.dtype} {tuple(given.shape)} on {given.device}")
+    if not out[0].is_contiguous():
+        raise ValueError("inverse_rope_group_quant: x_fp8 must be contiguous (x_scale may be strided)")
 
 
 def inverse_rope(o: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor) -> torch.Tensor:
