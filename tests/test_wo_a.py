@@ -549,6 +549,8 @@ def test_opcheck_vendor_op(monkeypatch, device):
                           test_utils=("test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic"))
     if device == "cpu":  # torch's CPU _scaled_mm takes no block scales
         assert wo_a._vendor_refused == {(4, 2)}, "the CPU call went through the fallback"
+    empty = torch.ops.dsv4_vendor.block_scaled_bmm(args[0][:0], args[1], args[2][:0], args[3], torch.bfloat16)
+    assert empty.shape == (0, 2, 128) and empty.dtype == torch.bfloat16
     got = torch.ops.dsv4_vendor.block_scaled_bmm(*args).float().cpu()
     assert_gemm_close(got, reference.bmm_a8w8_mxscale(x, w, x_scale, w_scale, torch.float32))  # bf16: <= 2^-9 a value
 

@@ -127,6 +127,13 @@ def _vendor_bmm_or_kernel(x: torch.Tensor, w: torch.Tensor, x_scale: torch.Tenso
             dispatch.log_once(("wo_a", "vendor", shape[1]), logging.WARNING,
                               "dsv4ops: wo_a falls back to the dsv4ops FP8 GEMM: the vendor block-scaled GEMM refused "
                               "G=%d M=%d (logged once per G): %s", shape[1], shape[0], first_line)
+    return _kernel_bmm(x, w, x_scale, w_scale, out_dtype)
+
+
+def _kernel_bmm(x: torch.Tensor, w: torch.Tensor, x_scale: torch.Tensor, w_scale: torch.Tensor,
+                out_dtype: torch.dtype) -> torch.Tensor:
+    """The forward's own FP8 GEMM: block sums in the matrix unit's precision, like the vendor GEMM's (see
+    bmm_a8w8_mxscale)."""
     return bmm_a8w8_mxscale(x, w, x_scale, w_scale, out_dtype, reduced_precision_block_sums=True)
 
 
@@ -182,7 +189,7 @@ def _check_group_quant_out(o: torch.Tensor, out, num_groups: int, group_size: in
     if o.dim() != 3 or num_groups <= 0 or group_size <= 0 or (o.shape[1] * o.shape[2]) % (num_groups * group_size):
         return  # the reference refuses these inputs with its own message
     depth = o.shape[1] * o.shape[2] // num_groups
-    payload_dtypes = (torch.float8_e4m3fnuz if fmt is Fp8Format.FNUZ else torch.float8_e4m3fn, torch.uint8)
+    payload_dtypes = (fmt.torch_dtype, torch.uint8)
     for name, given, shape, dtypes in (("x_fp8", out[0], (o.shape[0], num_groups, depth), payload_dtypes),
                                        ("x_scale", out[1], (o.shape[0], num_groups, depth // group_size),
                                         reference_fp8.UE8M0_DTYPES)):
@@ -378,14 +385,13 @@ def wo_a_forward(o: torch.Tensor, positions: torch.Tensor, plan: WoAPlan, apply_
             x_scale[rows - VENDOR_ROW_MULTIPLE:].zero_()
             inverse_rope_group_quant(o, positions, plan.cos_sin, g, GROUP_SIZE, plan.fp8_format, plan.quant_max,
                                      apply_inverse_rope=apply_inverse_rope, out=(x_bytes[:t], x_scale[:t]))
-            x_fp8 = x_bytes.view(torch.float8_e4m3fn)
+            x_fp8 = x_bytes.view(Fp8Format.OCP.torch_dtype)
             vendor = torch.ops.dsv4_vendor.block_scaled_bmm if torch.compiler.is_compiling() else _vendor_bmm_or_kernel
             z = vendor(x_fp8, w, x_scale, plan.weight_scale, o.dtype)[:t]
         else:
             x_fp8, x_scale = inverse_rope_group_quant(o, positions, plan.cos_sin, g, GROUP_SIZE, plan.fp8_format,
                                                       plan.quant_max, apply_inverse_rope=apply_inverse_rope)
-            # The block sums in the matrix unit's precision, like the vendor GEMM's (see bmm_a8w8_mxscale).
-            z = bmm_a8w8_mxscale(x_fp8, w, x_scale, plan.weight_scale, o.dtype, reduced_precision_block_sums=True)
+            z = _kernel_bmm(x_fp8, w, x_scale, plan.weight_scale, o.dtype)
     else:
         x = inverse_rope(o, positions, plan.cos_sin) if apply_inverse_rope else o
         z = torch.einsum("tgd,grd->tgr", x.reshape(t, g, heads * HEAD_DIM // g), plan.dense_weight(o.dtype))
