@@ -50,13 +50,14 @@ GROUP_SIZE = 128
 # 182 at 512; 144.5 / 157.5 / 206 at 1024, since the wgmma kernel's one-factor fold), cuBLAS from 4096 (440 vs 538
 # ours, 606 BF16 path);
 # G=16 ours to T = 1024 (81.2 / 88.9 at 256; 301 / 314 / 388 at 1024), cuBLAS from 4096 (852 vs 1185);
-# G=2 ours at 1024 (40.9 / 42.9 / 68.3), cuBLAS from 4096 (131 vs 150 ours, 158); G=1: the BF16 path at 4096
-# (68.4 vs 78.6 ours, 75.9 cuBLAS), cuBLAS at 16384 (225 vs 270 BF16, 290 ours); ours below 4096 from the GEMM
-# times (bench/results/wo_a_cuda.md: 20.0 vs 42.9 BF16 bmm at 1024).
+# G=2 ours at 1024 (40.9 / 42.9 / 68.3), cuBLAS from 4096 (131 vs 150 ours, 158); G=1: ours to T = 16, the BF16
+# path from 64 to 4097 (2026-12-05, forward vs BF16 path: 7.2 / 9.4 at 1, 7.7 / 9.8 at 16, but 12.6 / 10.2 at 64,
+# 16.3 / 13.3 at 256, 24.7 / 23.1 at 1024; cuBLAS 74.7 / 69.3 at 4097; earlier at 4096: 78.6 ours, 75.9 cuBLAS,
+# 68.4 BF16), cuBLAS at 16384 (211 vs 269 BF16).
 # Crossovers between the measured T are unmeasured; each row ends at the last T measured on its side.
 WO_A_GEMM_PATHS = {
     "cuda": {
-        1: ((1024, "fp8_kernel"), (4096, "bf16"), (None, "vendor_fp8")),
+        1: ((16, "fp8_kernel"), (4097, "bf16"), (None, "vendor_fp8")),
         2: ((1024, "fp8_kernel"), (None, "vendor_fp8")),
         8: ((1024, "fp8_kernel"), (None, "vendor_fp8")),
         16: ((1024, "fp8_kernel"), (None, "vendor_fp8")),
