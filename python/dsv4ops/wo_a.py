@@ -39,8 +39,7 @@ GROUP_SIZE = 128
 #   "fp8_kernel"  quantize (inverse_rope_group_quant) + dsv4ops' grouped FP8 GEMM (bmm_a8w8_mxscale);
 #   "vendor_fp8"  the same quantization + the vendor block-scaled FP8 GEMM (torch._scaled_mm with 1x128 /
 #                 128x128 scales, one call per group, T padded to VENDOR_ROW_MULTIPLE rows; our kernel for a
-#                 shape it refuses; CUDA with OCP operands and T >= 1 only, and only while a CUDA graph is being
-#                 captured (_vendor_gemm_pays), else "fp8_kernel");
+#                 shape it refuses; CUDA with OCP operands and T >= 1 only, else "fp8_kernel");
 #   "bf16"        the BF16 path (inverse RoPE, BF16 einsum on the dequantized weight, built on first use: it
 #                 doubles this layer's weight memory once chosen).
 # Platforms not listed (ROCm: not measured yet) take "fp8_kernel". Tune the rows from bench/bench_wo_a.py on the
@@ -113,21 +112,12 @@ def _vendor_block_scaled_bmm(x: torch.Tensor, w: torch.Tensor, x_scale: torch.Te
     return result
 
 
-def _vendor_gemm_pays() -> bool:
-    """Whether the vendor GEMM's host cost is hidden: only while the calls are being captured into a CUDA graph.
-    Each per-group cuBLAS block-scaled call costs ~60 us of host time (H200 machine, torch 2.11), so issued call by
-    call its G calls outlast the GEMM (G = 8, T = 4096: the forward 880 us eagerly against 410 us replayed from a
-    graph, where our kernel's forward takes ~545 us either way); our kernel serves the other calls."""
-    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
-
-
 def _vendor_bmm_or_kernel(x: torch.Tensor, w: torch.Tensor, x_scale: torch.Tensor, w_scale: torch.Tensor,
                           out_dtype: torch.dtype) -> torch.Tensor:
-    """The vendor GEMM where it pays (_vendor_gemm_pays, asked when the call runs, so also inside a compiled graph),
-    else, or where it refuses the shape, our kernel with the vendor's block-sum numerics (a refusal is logged once
+    """The vendor GEMM, or where it refuses the shape our kernel with the vendor's block-sum numerics (logged once
     per G; the shape is not offered to the vendor again)."""
     shape = (x.shape[0], x.shape[1])
-    if shape not in _vendor_refused and _vendor_gemm_pays():
+    if shape not in _vendor_refused:
         try:
             return _vendor_block_scaled_bmm(x, w, x_scale, w_scale, out_dtype)
         except _NOT_REFUSALS:
@@ -380,8 +370,6 @@ def wo_a_forward(o: torch.Tensor, positions: torch.Tensor, plan: WoAPlan, apply_
         path = "bf16"
     if path == "vendor_fp8" and (platform_key != "cuda" or t == 0 or plan.fp8_format is not Fp8Format.OCP):
         path = "fp8_kernel"
-    if path == "vendor_fp8" and not torch.compiler.is_compiling() and not _vendor_gemm_pays():
-        path = "fp8_kernel"  # an eager call outside graph capture (a compiled graph's vendor op decides when it runs)
     if path in ("fp8_kernel", "vendor_fp8"):
         w = plan.weight.view(g, plan.o_lora_rank, -1)
         if path == "vendor_fp8":
