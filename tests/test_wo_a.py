@@ -540,8 +540,9 @@ def test_opcheck_and_compile():
 @pytest.mark.parametrize("device", DEVICES)
 def test_opcheck_vendor_op(monkeypatch, device):
     """The vendor GEMM's opaque op (what a compiled wo_a forward calls): fake and AOT checks; on the CPU, where the
-    vendor GEMM refuses, through its fallback to our kernel."""
+    vendor GEMM refuses, through its fallback to our kernel. The vendor GEMM is offered as under graph capture."""
     monkeypatch.setattr(wo_a, "_vendor_refused", set())
+    monkeypatch.setattr(wo_a, "_vendor_gemm_serves", lambda device: True)
     x, x_scale = quantized_activation(4, 2, 4096, seed=13)
     w, w_scale = quantized_weight(2, 128, 4096, seed=14)
     args = tuple(t.to(device) for t in (x, w, x_scale, w_scale)) + (torch.bfloat16,)
@@ -810,6 +811,7 @@ def test_forward_follows_the_path_table(monkeypatch, device, fp8_format, t):
 
     monkeypatch.setattr(wo_a, "_vendor_block_scaled_bmm", recording_vendor)
     monkeypatch.setattr(wo_a, "_vendor_refused", set())
+    monkeypatch.setattr(wo_a, "_vendor_gemm_serves", lambda device: True)  # as under graph capture
     groups = 2
     weight, scale = checkpoint(groups, seed=90)
     weight, scale, cos_sin = weight.to(device), scale.to(device), rope_table(64).to(device)
@@ -850,6 +852,7 @@ def test_forward_compiles_fullgraph_on_every_path(monkeypatch, device, path, dyn
     plan = dsv4ops.prepare_wo_a(weight, scale, groups, 1024, cos_sin, device)
     assert plan.path == "fp8"
     monkeypatch.setitem(wo_a.WO_A_GEMM_PATHS, wo_a.path_table_key(torch.device(device)), {1: ((None, path),)})
+    monkeypatch.setattr(wo_a, "_vendor_gemm_serves", lambda device: True)  # as under graph capture
     forward = lambda o_, p_: dsv4ops.wo_a_forward(o_, p_, plan, apply_inverse_rope=True)  # noqa: E731
     torch._dynamo.reset()
     compiled_forward = torch.compile(forward, fullgraph=True, dynamic=dynamic)
@@ -881,6 +884,7 @@ def test_vendor_path_compiles_two_graphs_for_all_token_counts(monkeypatch):
     monkeypatch.setattr(wo_a, "path_table_key", lambda device: "cuda")
     monkeypatch.setitem(wo_a.WO_A_GEMM_PATHS, "cuda", {1: ((None, "vendor_fp8"),)})
     monkeypatch.setattr(wo_a, "_vendor_block_scaled_bmm", vendor)
+    monkeypatch.setattr(wo_a, "_vendor_gemm_serves", lambda device: True)  # as under graph capture
     forward = lambda o_, p_: dsv4ops.wo_a_forward(o_, p_, plan, apply_inverse_rope=True)  # noqa: E731
     torch._dynamo.reset()
     compiled_forward = torch.compile(forward, fullgraph=True, dynamic=True)
@@ -909,6 +913,7 @@ def test_vendor_refusal_falls_back_to_the_kernel_eager_and_compiled(monkeypatch,
     monkeypatch.setattr(wo_a, "path_table_key", lambda device: "cuda")
     monkeypatch.setattr(wo_a, "_vendor_block_scaled_bmm", refusing_vendor)
     monkeypatch.setattr(wo_a, "_vendor_refused", set())
+    monkeypatch.setattr(wo_a, "_vendor_gemm_serves", lambda device: True)  # as under graph capture
     forward = lambda o_, p_: dsv4ops.wo_a_forward(o_, p_, plan, apply_inverse_rope=True)  # noqa: E731
     o, positions = attention_output(6, groups * 8, seed=99), torch.arange(6)
     monkeypatch.setitem(wo_a.WO_A_GEMM_PATHS, "cuda", {1: ((None, "fp8_kernel"),)})
@@ -940,6 +945,7 @@ def test_vendor_path_pads_rows_to_the_vendor_multiple(monkeypatch, dynamic):
 
     monkeypatch.setattr(wo_a, "path_table_key", lambda device: "cuda")
     monkeypatch.setattr(wo_a, "_vendor_block_scaled_bmm", vendor)
+    monkeypatch.setattr(wo_a, "_vendor_gemm_serves", lambda device: True)  # as under graph capture
     forward = lambda o_, p_: dsv4ops.wo_a_forward(o_, p_, plan, apply_inverse_rope=True)  # noqa: E731
     torch._dynamo.reset()
     compiled_forward = torch.compile(forward, fullgraph=True, dynamic=dynamic)
@@ -961,6 +967,87 @@ def test_vendor_path_pads_rows_to_the_vendor_multiple(monkeypatch, dynamic):
             assert_bytes_equal(x_scale[:t], want[1])
             assert not bool(x[t:].view(torch.uint8).any()) and not bool(x_scale[t:].any()), "pad rows are zeros"
     torch._dynamo.reset()
+
+
+def test_vendor_gemm_serves_captured_calls_and_the_first_one(monkeypatch):
+    """The vendor GEMM serves a device's first vendor_fp8 call (which sets cuBLAS up outside any graph capture) and
+    then captured calls only; the other calls are our kernel's (the vendor's per-group calls' host cost would outlast
+    the GEMM): an eager call then pads nothing, and a compiled graph's vendor op asks as it runs, so the same graph
+    takes the vendor GEMM once its calls are captured. Simulated on the CPU."""
+    groups = 2
+    weight, scale = checkpoint(groups, seed=100)
+    plan = dsv4ops.prepare_wo_a(weight, scale, groups, 1024, rope_table(64), "cpu")
+    offered = []
+
+    def vendor(x, w, x_scale, w_scale, out_dtype):
+        offered.append(x.shape[0])
+        return torch.ops.dsv4.bmm_a8w8_mxscale(x, w, x_scale, w_scale, out_dtype)
+
+    capturing = [False]
+    real_serves = wo_a._vendor_gemm_serves
+    monkeypatch.setattr(wo_a, "path_table_key", lambda device: "cuda")
+    monkeypatch.setattr(wo_a, "_vendor_block_scaled_bmm", vendor)
+    monkeypatch.setattr(wo_a, "_vendor_refused", set())
+    monkeypatch.setattr(wo_a, "_vendor_ready", set())
+    monkeypatch.setattr(wo_a, "_vendor_gemm_serves", lambda device: capturing[0] or real_serves(device))
+    forward = lambda o_, p_: dsv4ops.wo_a_forward(o_, p_, plan, apply_inverse_rope=True)  # noqa: E731
+    o, positions = attention_output(6, groups * 8, seed=101), torch.arange(6)
+    monkeypatch.setitem(wo_a.WO_A_GEMM_PATHS, "cuda", {1: ((None, "fp8_kernel"),)})
+    kernel_path = forward(o, positions)
+    monkeypatch.setitem(wo_a.WO_A_GEMM_PATHS, "cuda", {1: ((None, "vendor_fp8"),)})
+    assert torch.equal(forward(o, positions), kernel_path)
+    assert offered == [8] and wo_a._vendor_ready == {torch.device("cpu")}, "the first call set the vendor GEMM up"
+    torch._dynamo.reset()
+    compiled_forward = torch.compile(forward, fullgraph=True)
+    assert torch.equal(forward(o, positions), kernel_path) and torch.equal(compiled_forward(o, positions), kernel_path)
+    assert offered == [8], "no vendor GEMM outside capture once set up"
+    capturing[0] = True
+    assert torch.equal(forward(o, positions), kernel_path) and torch.equal(compiled_forward(o, positions), kernel_path)
+    assert offered == [8, 8, 8], "the eager call and the compiled graph's op took the vendor GEMM (padded rows)"
+    torch._dynamo.reset()
+
+
+@gpu
+def test_gpu_forward_takes_the_vendor_gemm_in_a_captured_graph(monkeypatch):
+    """On an NVIDIA GPU, as a serving stack warms up and then captures: the device's first forward on a vendor_fp8
+    row runs the vendor GEMM (cuBLAS set up outside capture), the next eager one our kernel, the captured one the
+    vendor GEMM again (no cuBLAS setup inside the capture), and the graph's replay tracks the eager result (both sum
+    each block at the tensor cores' precision)."""
+    if torch.version.cuda is None:
+        pytest.skip("the vendor GEMM path is NVIDIA's (cuBLAS block-scaled FP8)")
+    groups, t = 2, 6
+    weight, scale = checkpoint(groups, seed=102)
+    plan = dsv4ops.prepare_wo_a(weight.cuda(), scale.cuda(), groups, 1024, rope_table(64).cuda(), "cuda")
+    o, positions = attention_output(t, groups * 8, seed=103, log_normal=True).cuda(), torch.arange(t, device="cuda")
+    offered = []
+    real_vendor = wo_a._vendor_block_scaled_bmm
+
+    def recording_vendor(*args):
+        offered.append(args[0].shape[0])
+        return real_vendor(*args)
+
+    monkeypatch.setattr(wo_a, "_vendor_block_scaled_bmm", recording_vendor)
+    monkeypatch.setattr(wo_a, "_vendor_refused", set())
+    monkeypatch.setattr(wo_a, "_vendor_ready", set())
+    monkeypatch.setitem(wo_a.WO_A_GEMM_PATHS, "cuda", {1: ((None, "vendor_fp8"),)})
+    first = dsv4ops.wo_a_forward(o, positions, plan, apply_inverse_rope=True)
+    eager = dsv4ops.wo_a_forward(o, positions, plan, apply_inverse_rope=True)
+    assert offered == [8], "the first call took the vendor GEMM, the second our kernel"
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm up outside capture
+        dsv4ops.wo_a_forward(o, positions, plan, apply_inverse_rope=True)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = dsv4ops.wo_a_forward(o, positions, plan, apply_inverse_rope=True)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert offered == [8, 8], "the captured forward took the vendor GEMM (padded rows)"
+    want = eager.double().flatten()
+    for got in (first, captured):
+        got = got.double().flatten()
+        assert float((got - want).norm() / want.norm()) < 1e-2
 
 
 @pytest.mark.parametrize(

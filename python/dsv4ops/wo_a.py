@@ -39,7 +39,8 @@ GROUP_SIZE = 128
 #   "fp8_kernel"  quantize (inverse_rope_group_quant) + dsv4ops' grouped FP8 GEMM (bmm_a8w8_mxscale);
 #   "vendor_fp8"  the same quantization + the vendor block-scaled FP8 GEMM (torch._scaled_mm with 1x128 /
 #                 128x128 scales, one call per group, T padded to VENDOR_ROW_MULTIPLE rows; our kernel for a
-#                 shape it refuses; CUDA with OCP operands and T >= 1 only, else "fp8_kernel");
+#                 shape it refuses; CUDA with OCP operands and T >= 1 only, and only while a CUDA graph is being
+#                 captured or for the device's first call (_vendor_gemm_serves), else "fp8_kernel");
 #   "bf16"        the BF16 path (inverse RoPE, BF16 einsum on the dequantized weight, built on first use: it
 #                 doubles this layer's weight memory once chosen).
 # Platforms not listed (ROCm: not measured yet) take "fp8_kernel". Tune the rows from bench/bench_wo_a.py on the
@@ -112,14 +113,31 @@ def _vendor_block_scaled_bmm(x: torch.Tensor, w: torch.Tensor, x_scale: torch.Te
     return result
 
 
+_vendor_ready: set = set()  # devices on which the vendor GEMM has run (cuBLAS set up)
+
+
+def _vendor_gemm_serves(device: torch.device) -> bool:
+    """Whether a vendor_fp8 call takes the vendor GEMM: while a CUDA graph is being captured (replays do not pay its
+    host cost), and for a device's first call outside capture, which sets cuBLAS up (it cannot create its handle
+    inside a capture: CUBLAS_STATUS_NOT_INITIALIZED, the capture lost). Our kernel serves the other calls: each
+    per-group cuBLAS block-scaled call costs ~60 us of host time (H200 machine, torch 2.11), so issued one by one its
+    G calls outlast the GEMM (G = 8, T = 4096: the forward took 880 us eagerly against 410 us replayed from a graph;
+    with this rule, on an H100, 546 us eagerly against 625 us for the BF16 path, 419 us replayed)."""
+    capturing = torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+    return capturing or device not in _vendor_ready
+
+
 def _vendor_bmm_or_kernel(x: torch.Tensor, w: torch.Tensor, x_scale: torch.Tensor, w_scale: torch.Tensor,
                           out_dtype: torch.dtype) -> torch.Tensor:
-    """The vendor GEMM, or where it refuses the shape our kernel with the vendor's block-sum numerics (logged once
-    per G; the shape is not offered to the vendor again)."""
+    """The vendor GEMM where it serves (_vendor_gemm_serves, asked when the call runs, so also inside a compiled
+    graph), else, or where it refuses the shape, our kernel with the vendor's block-sum numerics (a refusal is logged
+    once per G; the shape is not offered to the vendor again)."""
     shape = (x.shape[0], x.shape[1])
-    if shape not in _vendor_refused:
+    if shape not in _vendor_refused and _vendor_gemm_serves(x.device):
         try:
-            return _vendor_block_scaled_bmm(x, w, x_scale, w_scale, out_dtype)
+            result = _vendor_block_scaled_bmm(x, w, x_scale, w_scale, out_dtype)
+            _vendor_ready.add(x.device)
+            return result
         except _NOT_REFUSALS:
             raise
         except (RuntimeError, ValueError) as error:  # cuBLAS: RuntimeError; torch's own scaling checks: ValueError
@@ -370,6 +388,8 @@ def wo_a_forward(o: torch.Tensor, positions: torch.Tensor, plan: WoAPlan, apply_
         path = "bf16"
     if path == "vendor_fp8" and (platform_key != "cuda" or t == 0 or plan.fp8_format is not Fp8Format.OCP):
         path = "fp8_kernel"
+    if path == "vendor_fp8" and not torch.compiler.is_compiling() and not _vendor_gemm_serves(o.device):
+        path = "fp8_kernel"  # eager, outside capture, cuBLAS set up (a compiled graph's vendor op decides as it runs)
     if path in ("fp8_kernel", "vendor_fp8"):
         w = plan.weight.view(g, plan.o_lora_rank, -1)
         if path == "vendor_fp8":
