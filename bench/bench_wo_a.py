@@ -16,7 +16,7 @@ once; FLOPs 2*M*G*N*K (the case label gives each implementation's TFLOP/s).
 Forward rows: dsv4ops.wo_a_forward on an FP8 plan (the path its table picks for T, named in the case) against
 the same plan forced onto the BF16 path, both replayed from CUDA graphs, with one plan (its own weight) per
 input set so that no weight stays in the L2 between calls, as in a model; bytes: o, the FP8 weight, the output.
-On a vendor_fp8 row the back-to-back calls run our kernel's path (the vendor GEMM serves captured calls).
+On a vendor_fp8 row the back-to-back calls may run our kernel's path (wo_a.VENDOR_EAGER_FROM_ROWS).
 Quantizer rows: dsv4ops, a device copy of the same bytes (the ceiling at that size), the PyTorch
 reference eager and (unless --no-compile) torch.compile'd. Bytes: o read (bf16), positions read, the
 FP8 payload and the scale bytes written (the rope table's rows are not counted).

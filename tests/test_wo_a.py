@@ -12,6 +12,7 @@ cosine > 0.998 (spec §6.4; the emulation gives ~0.027 / 0.9996)."""
 
 import logging
 import math
+import threading
 
 import pytest
 import torch
@@ -542,7 +543,8 @@ def test_opcheck_vendor_op(monkeypatch, device):
     """The vendor GEMM's opaque op (what a compiled wo_a forward calls): fake and AOT checks; on the CPU, where the
     vendor GEMM refuses, through its fallback to our kernel. The vendor GEMM is offered as under graph capture."""
     monkeypatch.setattr(wo_a, "_vendor_refused", set())
-    monkeypatch.setattr(wo_a, "_vendor_gemm_serves", lambda device: True)
+    monkeypatch.setattr(wo_a, "_vendor_gemm_serves", lambda *call: True)
+    monkeypatch.setattr(wo_a, "_vendor_ready", set())
     x, x_scale = quantized_activation(4, 2, 4096, seed=13)
     w, w_scale = quantized_weight(2, 128, 4096, seed=14)
     args = tuple(t.to(device) for t in (x, w, x_scale, w_scale)) + (torch.bfloat16,)
@@ -781,6 +783,16 @@ def test_gemm_path_table_is_well_formed_and_selects_by_tokens_and_groups():
     assert wo_a.gemm_path(5, 2, "xpu", table) == "fp8_kernel"
 
 
+def test_vendor_eager_rows_are_well_formed_and_as_measured():
+    """VENDOR_EAGER_FROM_ROWS: positive row counts or None per listed G; on CUDA the vendor GEMM serves calls outside
+    capture from 16384 rows at 8 groups and more, never at 1 or 2 (H200, forward issued back to back)."""
+    for platform_key, by_groups in wo_a.VENDOR_EAGER_FROM_ROWS.items():
+        assert by_groups and all(g > 0 for g in by_groups), platform_key
+        assert all(rows is None or rows > 0 for rows in by_groups.values()), platform_key
+    cuda = wo_a.VENDOR_EAGER_FROM_ROWS["cuda"]
+    assert [wo_a._row_for_groups(cuda, g) for g in (1, 2, 8, 16)] == [None, None, 16384, 16384]
+
+
 def test_cuda_table_matches_the_measured_crossovers():
     """The H200 rows as measured (end-to-end forward times, see WO_A_GEMM_PATHS): our kernel (reduced-precision
     block sums) to T = 1024 at 8 and 16 groups, the vendor FP8 GEMM from 4096; at 2 groups our kernel to 1024,
@@ -811,7 +823,8 @@ def test_forward_follows_the_path_table(monkeypatch, device, fp8_format, t):
 
     monkeypatch.setattr(wo_a, "_vendor_block_scaled_bmm", recording_vendor)
     monkeypatch.setattr(wo_a, "_vendor_refused", set())
-    monkeypatch.setattr(wo_a, "_vendor_gemm_serves", lambda device: True)  # as under graph capture
+    monkeypatch.setattr(wo_a, "_vendor_gemm_serves", lambda *call: True)  # as under graph capture
+    monkeypatch.setattr(wo_a, "_vendor_ready", set())
     groups = 2
     weight, scale = checkpoint(groups, seed=90)
     weight, scale, cos_sin = weight.to(device), scale.to(device), rope_table(64).to(device)
@@ -852,7 +865,8 @@ def test_forward_compiles_fullgraph_on_every_path(monkeypatch, device, path, dyn
     plan = dsv4ops.prepare_wo_a(weight, scale, groups, 1024, cos_sin, device)
     assert plan.path == "fp8"
     monkeypatch.setitem(wo_a.WO_A_GEMM_PATHS, wo_a.path_table_key(torch.device(device)), {1: ((None, path),)})
-    monkeypatch.setattr(wo_a, "_vendor_gemm_serves", lambda device: True)  # as under graph capture
+    monkeypatch.setattr(wo_a, "_vendor_gemm_serves", lambda *call: True)  # as under graph capture
+    monkeypatch.setattr(wo_a, "_vendor_ready", set())
     forward = lambda o_, p_: dsv4ops.wo_a_forward(o_, p_, plan, apply_inverse_rope=True)  # noqa: E731
     torch._dynamo.reset()
     compiled_forward = torch.compile(forward, fullgraph=True, dynamic=dynamic)
@@ -884,7 +898,8 @@ def test_vendor_path_compiles_two_graphs_for_all_token_counts(monkeypatch):
     monkeypatch.setattr(wo_a, "path_table_key", lambda device: "cuda")
     monkeypatch.setitem(wo_a.WO_A_GEMM_PATHS, "cuda", {1: ((None, "vendor_fp8"),)})
     monkeypatch.setattr(wo_a, "_vendor_block_scaled_bmm", vendor)
-    monkeypatch.setattr(wo_a, "_vendor_gemm_serves", lambda device: True)  # as under graph capture
+    monkeypatch.setattr(wo_a, "_vendor_gemm_serves", lambda *call: True)  # as under graph capture
+    monkeypatch.setattr(wo_a, "_vendor_ready", set())
     forward = lambda o_, p_: dsv4ops.wo_a_forward(o_, p_, plan, apply_inverse_rope=True)  # noqa: E731
     torch._dynamo.reset()
     compiled_forward = torch.compile(forward, fullgraph=True, dynamic=True)
@@ -913,7 +928,8 @@ def test_vendor_refusal_falls_back_to_the_kernel_eager_and_compiled(monkeypatch,
     monkeypatch.setattr(wo_a, "path_table_key", lambda device: "cuda")
     monkeypatch.setattr(wo_a, "_vendor_block_scaled_bmm", refusing_vendor)
     monkeypatch.setattr(wo_a, "_vendor_refused", set())
-    monkeypatch.setattr(wo_a, "_vendor_gemm_serves", lambda device: True)  # as under graph capture
+    monkeypatch.setattr(wo_a, "_vendor_gemm_serves", lambda *call: True)  # as under graph capture
+    monkeypatch.setattr(wo_a, "_vendor_ready", set())
     forward = lambda o_, p_: dsv4ops.wo_a_forward(o_, p_, plan, apply_inverse_rope=True)  # noqa: E731
     o, positions = attention_output(6, groups * 8, seed=99), torch.arange(6)
     monkeypatch.setitem(wo_a.WO_A_GEMM_PATHS, "cuda", {1: ((None, "fp8_kernel"),)})
@@ -945,7 +961,8 @@ def test_vendor_path_pads_rows_to_the_vendor_multiple(monkeypatch, dynamic):
 
     monkeypatch.setattr(wo_a, "path_table_key", lambda device: "cuda")
     monkeypatch.setattr(wo_a, "_vendor_block_scaled_bmm", vendor)
-    monkeypatch.setattr(wo_a, "_vendor_gemm_serves", lambda device: True)  # as under graph capture
+    monkeypatch.setattr(wo_a, "_vendor_gemm_serves", lambda *call: True)  # as under graph capture
+    monkeypatch.setattr(wo_a, "_vendor_ready", set())
     forward = lambda o_, p_: dsv4ops.wo_a_forward(o_, p_, plan, apply_inverse_rope=True)  # noqa: E731
     torch._dynamo.reset()
     compiled_forward = torch.compile(forward, fullgraph=True, dynamic=dynamic)
@@ -969,41 +986,59 @@ def test_vendor_path_pads_rows_to_the_vendor_multiple(monkeypatch, dynamic):
     torch._dynamo.reset()
 
 
-def test_vendor_gemm_serves_captured_calls_and_the_first_one(monkeypatch):
-    """The vendor GEMM serves a device's first vendor_fp8 call (which sets cuBLAS up outside any graph capture) and
-    then captured calls only; the other calls are our kernel's (the vendor's per-group calls' host cost would outlast
-    the GEMM): an eager call then pads nothing, and a compiled graph's vendor op asks as it runs, so the same graph
+def test_vendor_gemm_serves_captured_calls_the_first_one_and_long_ones(monkeypatch):
+    """Outside CUDA-graph capture the vendor GEMM serves the first call of a device and thread (which sets cuBLAS up)
+    and calls from VENDOR_EAGER_FROM_ROWS on; our kernel the others (the vendor's per-group calls' host cost would
+    outlast a shorter GEMM), unpadded when eager. A compiled graph's vendor op decides as it runs, so the same graph
     takes the vendor GEMM once its calls are captured. Simulated on the CPU."""
     groups = 2
     weight, scale = checkpoint(groups, seed=100)
     plan = dsv4ops.prepare_wo_a(weight, scale, groups, 1024, rope_table(64), "cpu")
-    offered = []
+    offered, kernel_rows = [], []
 
     def vendor(x, w, x_scale, w_scale, out_dtype):
         offered.append(x.shape[0])
         return torch.ops.dsv4.bmm_a8w8_mxscale(x, w, x_scale, w_scale, out_dtype)
 
+    real_kernel_bmm = wo_a._kernel_bmm
+
+    def kernel_bmm(x, *args):
+        kernel_rows.append(x.shape[0])
+        return real_kernel_bmm(x, *args)
+
     capturing = [False]
     real_serves = wo_a._vendor_gemm_serves
     monkeypatch.setattr(wo_a, "path_table_key", lambda device: "cuda")
     monkeypatch.setattr(wo_a, "_vendor_block_scaled_bmm", vendor)
+    monkeypatch.setattr(wo_a, "_kernel_bmm", kernel_bmm)
     monkeypatch.setattr(wo_a, "_vendor_refused", set())
     monkeypatch.setattr(wo_a, "_vendor_ready", set())
-    monkeypatch.setattr(wo_a, "_vendor_gemm_serves", lambda device: capturing[0] or real_serves(device))
+    monkeypatch.setattr(wo_a, "_vendor_gemm_serves", lambda *call: capturing[0] or real_serves(*call))
+    monkeypatch.setitem(wo_a.VENDOR_EAGER_FROM_ROWS, "cuda", {1: None, 2: 12})
     forward = lambda o_, p_: dsv4ops.wo_a_forward(o_, p_, plan, apply_inverse_rope=True)  # noqa: E731
     o, positions = attention_output(6, groups * 8, seed=101), torch.arange(6)
     monkeypatch.setitem(wo_a.WO_A_GEMM_PATHS, "cuda", {1: ((None, "fp8_kernel"),)})
     kernel_path = forward(o, positions)
     monkeypatch.setitem(wo_a.WO_A_GEMM_PATHS, "cuda", {1: ((None, "vendor_fp8"),)})
+    kernel_rows.clear()
     assert torch.equal(forward(o, positions), kernel_path)
-    assert offered == [8] and wo_a._vendor_ready == {torch.device("cpu")}, "the first call set the vendor GEMM up"
+    assert offered == [8] and kernel_rows == [], "the first call took the vendor GEMM"
+    assert wo_a._vendor_ready == {(torch.device("cpu"), threading.get_ident())}
     torch._dynamo.reset()
     compiled_forward = torch.compile(forward, fullgraph=True)
     assert torch.equal(forward(o, positions), kernel_path) and torch.equal(compiled_forward(o, positions), kernel_path)
-    assert offered == [8], "no vendor GEMM outside capture once set up"
+    assert offered == [8], "no vendor GEMM outside capture once set up, below VENDOR_EAGER_FROM_ROWS"
+    assert kernel_rows == [6, 8], "eager: the unpadded rows; the compiled graph's op: the padded ones"
     capturing[0] = True
     assert torch.equal(forward(o, positions), kernel_path) and torch.equal(compiled_forward(o, positions), kernel_path)
     assert offered == [8, 8, 8], "the eager call and the compiled graph's op took the vendor GEMM (padded rows)"
+    capturing[0] = False
+    o, positions = attention_output(9, groups * 8, seed=104), torch.arange(9)  # 12 padded rows: served eagerly
+    monkeypatch.setitem(wo_a.WO_A_GEMM_PATHS, "cuda", {1: ((None, "fp8_kernel"),)})
+    kernel_path = forward(o, positions)
+    monkeypatch.setitem(wo_a.WO_A_GEMM_PATHS, "cuda", {1: ((None, "vendor_fp8"),)})
+    assert torch.equal(forward(o, positions), kernel_path)
+    assert offered == [8, 8, 8, 12]
     torch._dynamo.reset()
 
 
@@ -1030,6 +1065,7 @@ def test_gpu_forward_takes_the_vendor_gemm_in_a_captured_graph(monkeypatch):
     monkeypatch.setattr(wo_a, "_vendor_refused", set())
     monkeypatch.setattr(wo_a, "_vendor_ready", set())
     monkeypatch.setitem(wo_a.WO_A_GEMM_PATHS, "cuda", {1: ((None, "vendor_fp8"),)})
+    monkeypatch.setitem(wo_a.VENDOR_EAGER_FROM_ROWS, "cuda", {1: None})
     first = dsv4ops.wo_a_forward(o, positions, plan, apply_inverse_rope=True)
     eager = dsv4ops.wo_a_forward(o, positions, plan, apply_inverse_rope=True)
     assert offered == [8], "the first call took the vendor GEMM, the second our kernel"

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import threading
 from typing import Optional, Tuple
 
 import torch
@@ -39,8 +40,8 @@ GROUP_SIZE = 128
 #   "fp8_kernel"  quantize (inverse_rope_group_quant) + dsv4ops' grouped FP8 GEMM (bmm_a8w8_mxscale);
 #   "vendor_fp8"  the same quantization + the vendor block-scaled FP8 GEMM (torch._scaled_mm with 1x128 /
 #                 128x128 scales, one call per group, T padded to VENDOR_ROW_MULTIPLE rows; our kernel for a
-#                 shape it refuses; CUDA with OCP operands and T >= 1 only, and only while a CUDA graph is being
-#                 captured or for the device's first call (_vendor_gemm_serves), else "fp8_kernel");
+#                 shape it refuses; CUDA with OCP operands and T >= 1 only; outside CUDA-graph capture only
+#                 from VENDOR_EAGER_FROM_ROWS and for the first call (_vendor_gemm_serves); else "fp8_kernel");
 #   "bf16"        the BF16 path (inverse RoPE, BF16 einsum on the dequantized weight, built on first use: it
 #                 doubles this layer's weight memory once chosen).
 # Platforms not listed (ROCm: not measured yet) take "fp8_kernel". Tune the rows from bench/bench_wo_a.py on the
@@ -73,15 +74,19 @@ def path_table_key(device: torch.device) -> str:
     return "rocm" if device.type == "cuda" and torch.version.hip else device.type
 
 
+def _row_for_groups(by_groups: dict, groups: int):
+    """The entry of the largest listed G <= groups (of the smallest listed G when there is none)."""
+    listed = sorted(by_groups)
+    return by_groups[max([g for g in listed if g <= groups], default=listed[0])]
+
+
 def gemm_path(tokens: int, groups: int, platform_key: str, table: Optional[dict] = None) -> str:
     """The path WO_A_GEMM_PATHS (or `table`) gives `tokens` tokens of a `groups`-group plan on `platform_key`
     (path_table_key)."""
     by_groups = (table if table is not None else WO_A_GEMM_PATHS).get(platform_key)
     if not by_groups:
         return "fp8_kernel"
-    listed = sorted(by_groups)
-    rows = by_groups[max([g for g in listed if g <= groups], default=listed[0])]
-    for bound, path in rows:
+    for bound, path in _row_for_groups(by_groups, groups):
         if bound is None or tokens <= bound:
             return path
     return "fp8_kernel"
@@ -113,18 +118,31 @@ def _vendor_block_scaled_bmm(x: torch.Tensor, w: torch.Tensor, x_scale: torch.Te
     return result
 
 
-_vendor_ready: set = set()  # devices on which the vendor GEMM has run (cuBLAS set up)
+# From how many (padded) rows the vendor GEMM also serves calls outside CUDA-graph capture, per platform and G (the
+# entry of the largest listed G <= a plan's G); None: never. Outside capture its host cost is paid call by call (a
+# profile on the H200 machine, torch 2.11: ~60 us a per-group cuBLAS call, ~90 us for the scale conversions), which
+# only a long GEMM hides. H200, forward issued back to back, cuBLAS path against our kernel's (us; ours from its
+# quantization and GEMM rows of the same bench run, bench/results/wo_a_cuda.md): G=8 T=4096 ~880 (profile) vs ~545,
+# T=16384 1605 vs ~2190; G=16 T=16384 3111 vs ~4300; G=2 T=16384 729 vs ~530; G=1 T=16384 607 vs ~265.
+# Crossovers between 4096 and 16384 are unmeasured.
+VENDOR_EAGER_FROM_ROWS = {"cuda": {1: None, 8: 16384}}
+
+_vendor_ready: set = set()  # (device, thread) pairs whose vendor GEMM has run: cuBLAS's handles are per thread
 
 
-def _vendor_gemm_serves(device: torch.device) -> bool:
-    """Whether a vendor_fp8 call takes the vendor GEMM: while a CUDA graph is being captured (replays do not pay its
-    host cost), and for a device's first call outside capture, which sets cuBLAS up (it cannot create its handle
-    inside a capture: CUBLAS_STATUS_NOT_INITIALIZED, the capture lost). Our kernel serves the other calls: each
-    per-group cuBLAS block-scaled call costs ~60 us of host time (H200 machine, torch 2.11), so issued one by one its
-    G calls outlast the GEMM (G = 8, T = 4096: the forward took 880 us eagerly against 410 us replayed from a graph;
-    with this rule, on an H100, 546 us eagerly against 625 us for the BF16 path, 419 us replayed)."""
-    capturing = torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
-    return capturing or device not in _vendor_ready
+def _vendor_gemm_serves(device: torch.device, rows: int, groups: int) -> bool:
+    """Whether a vendor_fp8 call of `rows` (padded) rows takes the vendor GEMM: while a CUDA graph is being captured
+    (replays do not pay its host cost); for the first call of a device and thread outside capture, which sets cuBLAS
+    up (it cannot create its handle inside a capture: CUBLAS_STATUS_NOT_INITIALIZED, the capture lost); and from
+    VENDOR_EAGER_FROM_ROWS on. Our kernel serves the other calls (H100, G = 8, T = 4096, forward issued back to back:
+    546 us against 625 us for the BF16 path, where the cuBLAS path took 880 us on the H200; 419 us replayed)."""
+    if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+        return True
+    if (device, threading.get_ident()) not in _vendor_ready:
+        return True
+    by_groups = VENDOR_EAGER_FROM_ROWS.get(path_table_key(device))
+    eager_from = _row_for_groups(by_groups, groups) if by_groups else None
+    return eager_from is not None and rows >= eager_from
 
 
 def _vendor_bmm_or_kernel(x: torch.Tensor, w: torch.Tensor, x_scale: torch.Tensor, w_scale: torch.Tensor,
@@ -133,10 +151,10 @@ def _vendor_bmm_or_kernel(x: torch.Tensor, w: torch.Tensor, x_scale: torch.Tenso
     graph), else, or where it refuses the shape, our kernel with the vendor's block-sum numerics (a refusal is logged
     once per G; the shape is not offered to the vendor again)."""
     shape = (x.shape[0], x.shape[1])
-    if shape not in _vendor_refused and _vendor_gemm_serves(x.device):
+    if shape not in _vendor_refused and _vendor_gemm_serves(x.device, shape[0], shape[1]):
         try:
             result = _vendor_block_scaled_bmm(x, w, x_scale, w_scale, out_dtype)
-            _vendor_ready.add(x.device)
+            _vendor_ready.add((x.device, threading.get_ident()))
             return result
         except _NOT_REFUSALS:
             raise
@@ -388,12 +406,13 @@ def wo_a_forward(o: torch.Tensor, positions: torch.Tensor, plan: WoAPlan, apply_
         path = "bf16"
     if path == "vendor_fp8" and (platform_key != "cuda" or t == 0 or plan.fp8_format is not Fp8Format.OCP):
         path = "fp8_kernel"
-    if path == "vendor_fp8" and not torch.compiler.is_compiling() and not _vendor_gemm_serves(o.device):
-        path = "fp8_kernel"  # eager, outside capture, cuBLAS set up (a compiled graph's vendor op decides as it runs)
+    if path == "vendor_fp8":
+        rows = -(-t // VENDOR_ROW_MULTIPLE) * VENDOR_ROW_MULTIPLE  # the vendor GEMM's padded rows
+        if not torch.compiler.is_compiling() and not _vendor_gemm_serves(o.device, rows, g):
+            path = "fp8_kernel"  # eager and not served (a compiled graph's vendor op decides as it runs)
     if path in ("fp8_kernel", "vendor_fp8"):
         w = plan.weight.view(g, plan.o_lora_rank, -1)
         if path == "vendor_fp8":
-            rows = -(-t // VENDOR_ROW_MULTIPLE) * VENDOR_ROW_MULTIPLE
             depth = heads * HEAD_DIM // g
             # Bytes, viewed as e4m3fn after: Inductor cannot zero an FP8 tensor's rows. The last VENDOR_ROW_MULTIPLE
             # rows are zeroed before the quantization writes the first t, so that the pad rows stay zero and the
