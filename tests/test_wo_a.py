@@ -881,6 +881,16 @@ def test_forward_compiles_fullgraph_on_every_path(monkeypatch, device, path, dyn
     torch._dynamo.reset()
 
 
+def simulate_cuda_vendor(monkeypatch, vendor):
+    """The vendor path simulated on the CPU: the platform reads as CUDA and `vendor` stands for the cuBLAS GEMM,
+    offered every call (as under graph capture), with fresh refusal and readiness state."""
+    monkeypatch.setattr(wo_a, "path_table_key", lambda device: "cuda")
+    monkeypatch.setattr(wo_a, "_vendor_block_scaled_bmm", vendor)
+    monkeypatch.setattr(wo_a, "_vendor_refused", set())
+    monkeypatch.setattr(wo_a, "_vendor_gemm_serves", lambda *call: True)
+    monkeypatch.setattr(wo_a, "_vendor_ready", set())
+
+
 def test_vendor_path_compiles_two_graphs_for_all_token_counts(monkeypatch):
     """With dynamic=True two graphs serve every token count on the vendor path (T a multiple of the vendor's row
     multiple, and T padded to one): nothing there may make T a constant of the graph (looking (T, G) up in the
@@ -895,11 +905,8 @@ def test_vendor_path_compiles_two_graphs_for_all_token_counts(monkeypatch):
         vendor_calls.append(x.shape[0])
         return torch.ops.dsv4.bmm_a8w8_mxscale(x, w, x_scale, w_scale, out_dtype)
 
-    monkeypatch.setattr(wo_a, "path_table_key", lambda device: "cuda")
+    simulate_cuda_vendor(monkeypatch, vendor)
     monkeypatch.setitem(wo_a.WO_A_GEMM_PATHS, "cuda", {1: ((None, "vendor_fp8"),)})
-    monkeypatch.setattr(wo_a, "_vendor_block_scaled_bmm", vendor)
-    monkeypatch.setattr(wo_a, "_vendor_gemm_serves", lambda *call: True)  # as under graph capture
-    monkeypatch.setattr(wo_a, "_vendor_ready", set())
     forward = lambda o_, p_: dsv4ops.wo_a_forward(o_, p_, plan, apply_inverse_rope=True)  # noqa: E731
     torch._dynamo.reset()
     compiled_forward = torch.compile(forward, fullgraph=True, dynamic=True)
@@ -925,11 +932,7 @@ def test_vendor_refusal_falls_back_to_the_kernel_eager_and_compiled(monkeypatch,
         offered.append(x.shape[0])
         raise RuntimeError("CUBLAS_STATUS_NOT_SUPPORTED (simulated)")
 
-    monkeypatch.setattr(wo_a, "path_table_key", lambda device: "cuda")
-    monkeypatch.setattr(wo_a, "_vendor_block_scaled_bmm", refusing_vendor)
-    monkeypatch.setattr(wo_a, "_vendor_refused", set())
-    monkeypatch.setattr(wo_a, "_vendor_gemm_serves", lambda *call: True)  # as under graph capture
-    monkeypatch.setattr(wo_a, "_vendor_ready", set())
+    simulate_cuda_vendor(monkeypatch, refusing_vendor)
     forward = lambda o_, p_: dsv4ops.wo_a_forward(o_, p_, plan, apply_inverse_rope=True)  # noqa: E731
     o, positions = attention_output(6, groups * 8, seed=99), torch.arange(6)
     monkeypatch.setitem(wo_a.WO_A_GEMM_PATHS, "cuda", {1: ((None, "fp8_kernel"),)})
@@ -959,10 +962,7 @@ def test_vendor_path_pads_rows_to_the_vendor_multiple(monkeypatch, dynamic):
         seen.append((x.clone(), x_scale.clone()))
         return torch.ops.dsv4.bmm_a8w8_mxscale(x, w, x_scale, w_scale, out_dtype)
 
-    monkeypatch.setattr(wo_a, "path_table_key", lambda device: "cuda")
-    monkeypatch.setattr(wo_a, "_vendor_block_scaled_bmm", vendor)
-    monkeypatch.setattr(wo_a, "_vendor_gemm_serves", lambda *call: True)  # as under graph capture
-    monkeypatch.setattr(wo_a, "_vendor_ready", set())
+    simulate_cuda_vendor(monkeypatch, vendor)
     forward = lambda o_, p_: dsv4ops.wo_a_forward(o_, p_, plan, apply_inverse_rope=True)  # noqa: E731
     torch._dynamo.reset()
     compiled_forward = torch.compile(forward, fullgraph=True, dynamic=dynamic)
@@ -1008,11 +1008,8 @@ def test_vendor_gemm_serves_captured_calls_the_first_one_and_long_ones(monkeypat
 
     capturing = [False]
     real_serves = wo_a._vendor_gemm_serves
-    monkeypatch.setattr(wo_a, "path_table_key", lambda device: "cuda")
-    monkeypatch.setattr(wo_a, "_vendor_block_scaled_bmm", vendor)
+    simulate_cuda_vendor(monkeypatch, vendor)
     monkeypatch.setattr(wo_a, "_kernel_bmm", kernel_bmm)
-    monkeypatch.setattr(wo_a, "_vendor_refused", set())
-    monkeypatch.setattr(wo_a, "_vendor_ready", set())
     monkeypatch.setattr(wo_a, "_vendor_gemm_serves", lambda *call: capturing[0] or real_serves(*call))
     monkeypatch.setitem(wo_a.VENDOR_EAGER_FROM_ROWS, "cuda", {1: None, 2: 12})
     forward = lambda o_, p_: dsv4ops.wo_a_forward(o_, p_, plan, apply_inverse_rope=True)  # noqa: E731
