@@ -547,12 +547,13 @@ def test_opcheck_vendor_op(monkeypatch, device):
     monkeypatch.setattr(wo_a, "_vendor_ready", set())
     x, x_scale = quantized_activation(4, 2, 4096, seed=13)
     w, w_scale = quantized_weight(2, 128, 4096, seed=14)
-    args = tuple(t.to(device) for t in (x, w, x_scale, w_scale)) + (torch.bfloat16,)
+    w_scale_factors = torch.pow(2.0, w_scale.view(torch.uint8) - 127.0)
+    args = tuple(t.to(device) for t in (x, w, x_scale, w_scale, w_scale_factors)) + (torch.bfloat16,)
     torch.library.opcheck(torch.ops.dsv4_vendor.block_scaled_bmm.default, args,
                           test_utils=("test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic"))
     if device == "cpu":  # torch's CPU _scaled_mm takes no block scales
         assert wo_a._vendor_refused == {(4, 2)}, "the CPU call went through the fallback"
-    empty = torch.ops.dsv4_vendor.block_scaled_bmm(args[0][:0], args[1], args[2][:0], args[3], torch.bfloat16)
+    empty = torch.ops.dsv4_vendor.block_scaled_bmm(args[0][:0], args[1], args[2][:0], *args[3:])
     assert empty.shape == (0, 2, 128) and empty.dtype == torch.bfloat16
     got = torch.ops.dsv4_vendor.block_scaled_bmm(*args).float().cpu()
     assert_gemm_close(got, reference.bmm_a8w8_mxscale(x, w, x_scale, w_scale, torch.float32))  # bf16: <= 2^-9 a value
@@ -615,6 +616,8 @@ def test_prepare_on_an_fnuz_device_normalizes_the_weight():
     fnuz = dsv4ops.prepare_wo_a(weight, scale, 2, 1024, cos_sin, "cpu", fp8_format="fnuz")
     assert fnuz.path == "fp8" and fnuz.weight.dtype == torch.float8_e4m3fnuz and fnuz.quant_max == 224.0
     assert torch.equal(fnuz.weight_scale, ocp.weight_scale + 1)
+    # The vendor GEMM's fp32 weight scales: the checkpoint's own factors, grouped; none where it never serves (FNUZ)
+    assert torch.equal(ocp.weight_scale_factors, scale.reshape(2, 8, 32)) and fnuz.weight_scale_factors is None
     o = attention_output(4, 16, seed=15)
     z_ocp = dsv4ops.wo_a_forward(o, torch.arange(4), ocp, apply_inverse_rope=True)
     z_fnuz = dsv4ops.wo_a_forward(o, torch.arange(4), fnuz, apply_inverse_rope=True)
@@ -901,9 +904,10 @@ def test_vendor_path_compiles_two_graphs_for_all_token_counts(monkeypatch):
     plan = dsv4ops.prepare_wo_a(weight, scale, groups, 1024, rope_table(64), "cpu")
     vendor_calls = []
 
-    def vendor(x, w, x_scale, w_scale, out_dtype):  # run eagerly, compiled calls included (an opaque op there)
+    def vendor(x, w, x_scale, w_scale_factors, out_dtype):  # run eagerly, compiled calls included (an opaque op)
         vendor_calls.append(x.shape[0])
-        return torch.ops.dsv4.bmm_a8w8_mxscale(x, w, x_scale, w_scale, out_dtype)
+        assert w_scale_factors is plan.weight_scale_factors
+        return torch.ops.dsv4.bmm_a8w8_mxscale(x, w, x_scale, plan.weight_scale, out_dtype)
 
     simulate_cuda_vendor(monkeypatch, vendor)
     monkeypatch.setitem(wo_a.WO_A_GEMM_PATHS, "cuda", {1: ((None, "vendor_fp8"),)})
@@ -958,9 +962,10 @@ def test_vendor_path_pads_rows_to_the_vendor_multiple(monkeypatch, dynamic):
     plan = dsv4ops.prepare_wo_a(weight, scale, groups, 1024, rope_table(64), "cpu")
     seen = []
 
-    def vendor(x, w, x_scale, w_scale, out_dtype):  # run eagerly, compiled calls included (an opaque op there)
+    def vendor(x, w, x_scale, w_scale_factors, out_dtype):  # run eagerly, compiled calls included (an opaque op)
         seen.append((x.clone(), x_scale.clone()))
-        return torch.ops.dsv4.bmm_a8w8_mxscale(x, w, x_scale, w_scale, out_dtype)
+        assert w_scale_factors is plan.weight_scale_factors
+        return torch.ops.dsv4.bmm_a8w8_mxscale(x, w, x_scale, plan.weight_scale, out_dtype)
 
     simulate_cuda_vendor(monkeypatch, vendor)
     forward = lambda o_, p_: dsv4ops.wo_a_forward(o_, p_, plan, apply_inverse_rope=True)  # noqa: E731
@@ -996,9 +1001,10 @@ def test_vendor_gemm_serves_captured_calls_the_first_one_and_long_ones(monkeypat
     plan = dsv4ops.prepare_wo_a(weight, scale, groups, 1024, rope_table(64), "cpu")
     offered, kernel_rows = [], []
 
-    def vendor(x, w, x_scale, w_scale, out_dtype):
+    def vendor(x, w, x_scale, w_scale_factors, out_dtype):
         offered.append(x.shape[0])
-        return torch.ops.dsv4.bmm_a8w8_mxscale(x, w, x_scale, w_scale, out_dtype)
+        assert w_scale_factors is plan.weight_scale_factors
+        return torch.ops.dsv4.bmm_a8w8_mxscale(x, w, x_scale, plan.weight_scale, out_dtype)
 
     real_kernel_bmm = wo_a._kernel_bmm
 

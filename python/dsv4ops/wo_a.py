@@ -103,18 +103,23 @@ _NOT_REFUSALS = (torch.OutOfMemoryError,) + ((torch.AcceleratorError,) if hasatt
 VENDOR_ROW_MULTIPLE = 4
 
 
-def _vendor_block_scaled_bmm(x: torch.Tensor, w: torch.Tensor, x_scale: torch.Tensor, w_scale: torch.Tensor,
+def _vendor_block_scaled_bmm(x: torch.Tensor, w: torch.Tensor, x_scale: torch.Tensor, w_scale_factors: torch.Tensor,
                              out_dtype: torch.dtype) -> torch.Tensor:
     """torch._scaled_mm per group with fp32 power-of-two block scales: A [M, K] with its (M, K/128) scale in
-    column-major layout, B = w[g].t() with the (K/128, N/128) scale, each group's product written straight into
-    its columns of the [M, G, N] result (H200, N = 1024, K = 4096, M = 16384: 7-9% faster than stacking them at
-    G = 2, 8 and 16; the same bits). M a multiple of VENDOR_ROW_MULTIPLE."""
-    sx = torch.pow(2.0, x_scale.view(torch.uint8).float() - 127)
-    sw = torch.pow(2.0, w_scale.view(torch.uint8).float() - 127)
-    result = torch.empty(x.shape[0], x.shape[1], w.shape[1], device=x.device, dtype=out_dtype)
-    for g in range(x.shape[1]):
-        torch._scaled_mm(x[:, g], w[g].t(), scale_a=sx[:, g].t().contiguous().t(), scale_b=sw[g].t(),
-                         out_dtype=out_dtype, out=result[:, g])
+    column-major layout, B = w[g].t() with the (K/128, N/128) scale (w_scale_factors [G, N/128, K/128]: the plan's
+    2^(w_scale - 127), converted once), each group's product written straight into its columns of the [M, G, N] result
+    (H200, N = 1024, K = 4096, M = 16384: 7-9% faster than stacking them at G = 2, 8 and 16; the same bits). M a
+    multiple of VENDOR_ROW_MULTIPLE."""
+    rows, groups, blocks = x_scale.shape
+    # The row scales in two kernels, whatever G: converted into a group-major buffer, where group g's (M, K/128) scale
+    # is the column-major view cuBLAS reads (a copy per group cost a kernel per group, replayed from a graph too).
+    sx = torch.empty((groups, blocks, rows), device=x.device, dtype=torch.float32)
+    torch.sub(x_scale.view(torch.uint8).permute(1, 2, 0), 127.0, out=sx)
+    torch.pow(2.0, sx, out=sx)
+    result = torch.empty(rows, groups, w.shape[1], device=x.device, dtype=out_dtype)
+    for g in range(groups):
+        torch._scaled_mm(x[:, g], w[g].t(), scale_a=sx[g].t(), scale_b=w_scale_factors[g].t(), out_dtype=out_dtype,
+                         out=result[:, g])
     return result
 
 
@@ -146,14 +151,14 @@ def _vendor_gemm_serves(device: torch.device, rows: int, groups: int) -> bool:
 
 
 def _vendor_bmm_or_kernel(x: torch.Tensor, w: torch.Tensor, x_scale: torch.Tensor, w_scale: torch.Tensor,
-                          out_dtype: torch.dtype) -> torch.Tensor:
+                          w_scale_factors: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
     """The vendor GEMM where it serves (_vendor_gemm_serves, asked when the call runs, so also inside a compiled
     graph), else, or where it refuses the shape, our kernel with the vendor's block-sum numerics (a refusal is logged
     once per G; the shape is not offered to the vendor again)."""
     shape = (x.shape[0], x.shape[1])
     if shape not in _vendor_refused and _vendor_gemm_serves(x.device, shape[0], shape[1]):
         try:
-            result = _vendor_block_scaled_bmm(x, w, x_scale, w_scale, out_dtype)
+            result = _vendor_block_scaled_bmm(x, w, x_scale, w_scale_factors, out_dtype)
             _vendor_ready.add((x.device, threading.get_ident()))
             return result
         except _NOT_REFUSALS:
@@ -179,12 +184,12 @@ def _kernel_bmm(x: torch.Tensor, w: torch.Tensor, x_scale: torch.Tensor, w_scale
 # refusal could not be caught inside a graph, and Dynamo refuses the strided out= the groups are written with.
 @torch.library.custom_op("dsv4_vendor::block_scaled_bmm", mutates_args=())
 def _vendor_bmm_op(x: torch.Tensor, w: torch.Tensor, x_scale: torch.Tensor, w_scale: torch.Tensor,
-                   out_dtype: torch.dtype) -> torch.Tensor:
-    return _vendor_bmm_or_kernel(x, w, x_scale, w_scale, out_dtype)
+                   w_scale_factors: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
+    return _vendor_bmm_or_kernel(x, w, x_scale, w_scale, w_scale_factors, out_dtype)
 
 
 @_vendor_bmm_op.register_fake
-def _(x, w, x_scale, w_scale, out_dtype):
+def _(x, w, x_scale, w_scale, w_scale_factors, out_dtype):
     return x.new_empty((x.shape[0], x.shape[1], w.shape[1]), dtype=out_dtype)
 
 
@@ -283,6 +288,7 @@ class WoAPlan:
     cos_sin: torch.Tensor
     weight: torch.Tensor  # the checkpoint FP8 weight [G * R, K] (FNUZ-normalized copy on FNUZ devices)
     weight_scale: Optional[torch.Tensor]  # UE8M0 bytes [G, R / 128, K / 128] (FP8 path)
+    weight_scale_factors: Optional[torch.Tensor] = None  # fp32 2^(weight_scale - 127) (OCP FP8 plans: the vendor GEMM)
     fp8_format: Optional[Fp8Format] = None
     quant_max: Optional[float] = None
     original_scale: Optional[torch.Tensor] = None  # the checkpoint scale, for the BF16 dequantization
@@ -389,7 +395,12 @@ def prepare_wo_a(weight: torch.Tensor, weight_scale: Optional[torch.Tensor], n_g
         return _refuse(plan_args, f"weights: an OCP device needs a float8_e4m3fn weight, got {weight.dtype}")
     plan_args["weight"] = weight
     grouped_scale = scale_bytes.view(torch.uint8).reshape(n_groups, o_lora_rank // SCALE_BLOCK, -1)
-    return WoAPlan(path="fp8", reason=None, weight_scale=grouped_scale, fp8_format=fmt, quant_max=qmax, **plan_args)
+    # The vendor GEMM's weight scales (OCP plans: the only ones it serves), converted here, once: a conversion per
+    # forward would cost its kernels in every call, and one made lazily inside a CUDA-graph capture would hold no
+    # values until the graph is replayed.
+    factors = torch.pow(2.0, grouped_scale - 127.0) if fmt is Fp8Format.OCP else None
+    return WoAPlan(path="fp8", reason=None, weight_scale=grouped_scale, weight_scale_factors=factors, fp8_format=fmt,
+                   quant_max=qmax, **plan_args)
 
 
 def wo_a_forward(o: torch.Tensor, positions: torch.Tensor, plan: WoAPlan, apply_inverse_rope: bool) -> torch.Tensor:
@@ -418,16 +429,17 @@ def wo_a_forward(o: torch.Tensor, positions: torch.Tensor, plan: WoAPlan, apply_
             # rows are zeroed before the quantization writes the first t, so that the pad rows stay zero and the
             # slices keep sizes the compiler need not specialize (the pad rows alone number 0 to 3; 0 and 1 would
             # each be a graph of their own). Under torch.compile with a symbolic T two graphs remain: T a multiple
-            # of VENDOR_ROW_MULTIPLE or not.
+            # of VENDOR_ROW_MULTIPLE or not. Eagerly (and under capture) a T without pad rows skips the two kernels.
             x_bytes = o.new_empty((rows, g, depth), dtype=torch.uint8)
             x_scale = o.new_empty((rows, g, depth // GROUP_SIZE), dtype=torch.uint8)
-            x_bytes[rows - VENDOR_ROW_MULTIPLE:].zero_()
-            x_scale[rows - VENDOR_ROW_MULTIPLE:].zero_()
+            if torch.compiler.is_compiling() or rows != t:
+                x_bytes[rows - VENDOR_ROW_MULTIPLE:].zero_()
+                x_scale[rows - VENDOR_ROW_MULTIPLE:].zero_()
             inverse_rope_group_quant(o, positions, plan.cos_sin, g, GROUP_SIZE, plan.fp8_format, plan.quant_max,
                                      apply_inverse_rope=apply_inverse_rope, out=(x_bytes[:t], x_scale[:t]))
             x_fp8 = x_bytes.view(Fp8Format.OCP.torch_dtype)
             vendor = torch.ops.dsv4_vendor.block_scaled_bmm if torch.compiler.is_compiling() else _vendor_bmm_or_kernel
-            z = vendor(x_fp8, w, x_scale, plan.weight_scale, o.dtype)[:t]
+            z = vendor(x_fp8, w, x_scale, plan.weight_scale, plan.weight_scale_factors, o.dtype)[:t]
         else:
             x_fp8, x_scale = inverse_rope_group_quant(o, positions, plan.cos_sin, g, GROUP_SIZE, plan.fp8_format,
                                                       plan.quant_max, apply_inverse_rope=apply_inverse_rope)
