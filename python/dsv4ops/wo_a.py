@@ -125,8 +125,8 @@ def _vendor_block_scaled_bmm(x: torch.Tensor, w: torch.Tensor, x_scale: torch.Te
 
 # From how many (padded) rows the vendor GEMM also serves calls outside CUDA-graph capture, per platform and G (the
 # entry of the largest listed G <= a plan's G); None: never. Outside capture its host cost is paid call by call (a
-# profile on the H200 machine, torch 2.11: ~60 us a per-group cuBLAS call, ~90 us for the scale conversions), which
-# only a long GEMM hides. H200, forward issued back to back, cuBLAS path against our kernel's (us; ours from its
+# profile on the H200 machine, torch 2.11: ~60 us a per-group cuBLAS call, ~90 us for the scale conversions, which
+# have since become two kernels a call), which only a long GEMM hides. H200, forward issued back to back, cuBLAS path against our kernel's (us; ours from its
 # quantization and GEMM rows of the same bench run, bench/results/wo_a_cuda.md): G=8 T=4096 ~880 (profile) vs ~545,
 # T=16384 1605 vs ~2190; G=16 T=16384 3111 vs ~4300; G=2 T=16384 729 vs ~530; G=1 T=16384 607 vs ~265.
 # Crossovers between 4096 and 16384 are unmeasured.

@@ -2121,7 +2121,11 @@ LaunchStatus launch_bmm_a8w8_mxscale(const BmmA8W8MxScaleArgs& args, void* strea
   // G = 8: 438 us against 1458), else 64 x 128 tiles from M = 17 when there are 128 of them (M = 64,
   // G = 16: 25 us against 92), else 64 x 64 tiles with at least 64 of them (M = 64, G = 8: 16 us against
   // 46). Up to M = 16, and with fewer tiles (M <= 64 at G <= 2), the split-K kernel keeps the lead (M = 16,
-  // G = 8: 13.5 us against 16.7; M = 64, G = 1: 6.6 against 16.4).
+  // G = 8: 13.5 us against 16.7; M = 64, G = 1: 6.6 against 16.4). Nor did splitting the 64 x 64 tiles' K over a
+  // cluster of 2, 4 or 8 blocks (sums added in rank order through distributed shared memory) win there: H100,
+  // graph replay, same run, M = 64 / 32: G = 2 10.6 / 7.3 us for the split-K kernel against 10.1 / 9.9 (2 blocks),
+  // 14.8 / 14.6 (4), 20.5 / 20.4 (8); G = 1 6.9 / 5.1 against 9.5 / 9.3, 8.1 / 8.0, 14.1 / 13.9: more blocks
+  // a tile cost more than their shorter K saves.
   // With fp32 sums, bmm_wgmma_f16_kernel where it beats the mma.sync kernels (H200, graph replay): 256 x 128
   // tiles when at least 128 of them fill the GPU, else the 128 x 128 tiles above M = 64, the 64 x 128 tiles
   // from 33 rows and the 64 x 64 tiles from 33 rows when there are 64 of them. Chosen on a same-run comparison of
