@@ -788,12 +788,13 @@ def test_gemm_path_table_is_well_formed_and_selects_by_tokens_and_groups():
 
 def test_vendor_eager_rows_are_well_formed_and_as_measured():
     """VENDOR_EAGER_FROM_ROWS: positive row counts or None per listed G; on CUDA the vendor GEMM serves calls outside
-    capture from 16384 rows at 8 groups and more, never at 1 or 2 (H200, forward issued back to back)."""
+    capture from the first measured T where it won (H100, forward issued back to back): 16384 rows at one group, 8192
+    at 2 to 15, 4096 at 16 and more."""
     for platform_key, by_groups in wo_a.VENDOR_EAGER_FROM_ROWS.items():
         assert by_groups and all(g > 0 for g in by_groups), platform_key
         assert all(rows is None or rows > 0 for rows in by_groups.values()), platform_key
     cuda = wo_a.VENDOR_EAGER_FROM_ROWS["cuda"]
-    assert [wo_a._row_for_groups(cuda, g) for g in (1, 2, 8, 16)] == [None, None, 16384, 16384]
+    assert [wo_a._row_for_groups(cuda, g) for g in (1, 2, 4, 8, 16, 32)] == [16384, 8192, 8192, 8192, 4096, 4096]
 
 
 def test_cuda_table_matches_the_measured_crossovers():

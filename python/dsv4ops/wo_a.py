@@ -126,11 +126,12 @@ def _vendor_block_scaled_bmm(x: torch.Tensor, w: torch.Tensor, x_scale: torch.Te
 # From how many (padded) rows the vendor GEMM also serves calls outside CUDA-graph capture, per platform and G (the
 # entry of the largest listed G <= a plan's G); None: never. Outside capture its host cost is paid call by call (a
 # profile on the H200 machine, torch 2.11: ~60 us a per-group cuBLAS call, ~90 us for the scale conversions, which
-# have since become two kernels a call), which only a long GEMM hides. H200, forward issued back to back, cuBLAS path against our kernel's (us; ours from its
-# quantization and GEMM rows of the same bench run, bench/results/wo_a_cuda.md): G=8 T=4096 ~880 (profile) vs ~545,
-# T=16384 1605 vs ~2190; G=16 T=16384 3111 vs ~4300; G=2 T=16384 729 vs ~530; G=1 T=16384 607 vs ~265.
-# Crossovers between 4096 and 16384 are unmeasured.
-VENDOR_EAGER_FROM_ROWS = {"cuda": {1: None, 8: 16384}}
+# have since become two kernels a call), which only a long GEMM hides. The first measured T where it wins, forward
+# issued back to back (H100 80GB HBM3, 2026-12-05, us, vendor / our kernel's path / BF16 path): G=1 T=8192 187 / 143
+# / 143, T=16384 211 / 277 / 286; G=2 T=4096 450 / 149 / 164, T=8192 231 / 278 / 324; G=8 T=4096 585 / 550 / 641,
+# T=8192 789 / 1097 / 1341; G=16 T=2048 690 / 556 / 636 (our kernel's table row), T=4096 833 / 1110 / 1246. Not
+# re-measured on the H200, whose earlier estimates agreed at 16384 (G=8 1605 vs ~2190, G=16 3111 vs ~4300).
+VENDOR_EAGER_FROM_ROWS = {"cuda": {1: 16384, 2: 8192, 8: 8192, 16: 4096}}
 
 _vendor_ready: set = set()  # (device, thread) pairs whose vendor GEMM has run: cuBLAS's handles are per thread
 
