@@ -28,8 +28,8 @@
 //     them over a strided share of the K blocks; the warps' fp32 sums are added in shared memory in warp
 //     order (deterministic, no atomics). On NVIDIA (aligned rows, operands in the unit's encoding) each
 //     lane stages the fragments of several K blocks through shared memory by cp.async (launch_staged: 2-4
-//     K blocks a warp in flight, 16 or 32 columns a block); elsewhere fragments come straight from global
-//     memory, the next K block's weight in flight in registers while one multiplies.
+//     K blocks a warp in flight, 16 or 32 rows and 16 or 32 columns a block); elsewhere fragments come
+//     straight from global memory, the next K block's weight in flight in registers while one multiplies.
 //   * M > 64: bmm_tiled_kernel, a 128 x 64 tile through double-buffered shared memory (below).
 //   * M > 64 with rows that are not 16-byte aligned: bmm_kernel with the warps splitting a 128-wide N
 //     tile, each over the whole K (element-wise loads).
@@ -2085,21 +2085,21 @@ LaunchStatus launch_config(const BmmA8W8MxScaleArgs& args, bool vector, hipStrea
 }
 
 #if !defined(__HIPCC__)
-// The staged split-K kernel: a block owns 16 rows and kBlockN columns, each warp keeps kRing of its K
-// blocks in flight through shared memory (kRing x 4 or 6 KiB a warp).
-template <int kBlockN, int kRing>
+// The staged split-K kernel: a block owns kMTiles x 16 rows and kBlockN columns, each warp keeps kRing of its K
+// blocks in flight through shared memory (kRing x 4 to 8 KiB a warp).
+template <int kBlockN, int kRing, int kMTiles = 1>
 LaunchStatus launch_staged(const BmmA8W8MxScaleArgs& args, hipStream_t stream) {
   constexpr size_t shared_bytes =
-      static_cast<size_t>(kWarps) * kRing * kStagedChunks<1, kBlockN / kTileN> * kWarpSize * 16;
-  const int64_t m_tiles = (args.m + 15) / 16;
+      static_cast<size_t>(kWarps) * kRing * kStagedChunks<kMTiles, kBlockN / kTileN> * kWarpSize * 16;
+  constexpr auto kernel = bmm_kernel<kMTiles, kBlockN, true, true, false, kRing>;
+  const int64_t m_tiles = (args.m + kMTiles * 16 - 1) / (kMTiles * 16);
   if (m_tiles > 0x7fffffff || args.groups > 65535 || args.n / kBlockN > 65535) return LaunchStatus::kInvalidArgument;
-  if (!allow_dynamic_shared_memory<bmm_kernel<1, kBlockN, true, true, false, kRing>>(shared_bytes)) {
+  if (!allow_dynamic_shared_memory<kernel>(shared_bytes)) {
     return launch_config<1, 16, true>(args, true, stream);  // a device with less shared memory a block
   }
   const dim3 grid(static_cast<unsigned>(m_tiles), static_cast<unsigned>(args.n / kBlockN),
                   static_cast<unsigned>(args.groups));
-  launch_overlapping(bmm_kernel<1, kBlockN, true, true, false, kRing>, grid, dim3(kThreads), shared_bytes, stream,
-                     args);
+  launch_overlapping(kernel, grid, dim3(kThreads), shared_bytes, stream, args);
   return last_launch_status();
 }
 #endif
@@ -2192,6 +2192,16 @@ LaunchStatus launch_bmm_a8w8_mxscale(const BmmA8W8MxScaleArgs& args, void* strea
   if ((args.m <= 64 || few_tiles) && vector) {
     const int64_t narrow_blocks = (args.m + 15) / 16 * (args.n / 16) * args.groups;
     if (narrow_blocks <= kFewBlocks) return launch_staged<16, 4>(args, hip_stream);
+    // Two M tiles a block (each staged weight fragment serves 32 rows) where that grid, of 16 columns a block or
+    // else 32, is at most one block an SM: H100, graph replay, same run, one tile -> two (us): G = 2, M = 48 10.2 ->
+    // 9.7, M = 64 10.4 -> 9.7 (32 columns), M = 32 7.3 -> 7.6; G = 1, M = 64 6.8 -> 6.9, M = 48 6.3 -> 6.8. The wo_a
+    // forward (the quantization, then this kernel launched to overlap it) gains more: G = 1, T = 64 12.5 -> 10.0;
+    // G = 2, T = 32 12.9 -> 10.4, T = 64 14.4 -> 13.0. Four M tiles a block spill (255 registers).
+    if (args.m <= 64) {
+      const int64_t pair_tiles = (args.m + 31) / 32;
+      if (pair_tiles * (args.n / 16) * args.groups <= kFewBlocks) return launch_staged<16, 2, 2>(args, hip_stream);
+      if (pair_tiles * (args.n / 32) * args.groups <= kFewBlocks) return launch_staged<32, 2, 2>(args, hip_stream);
+    }
     return launch_staged<32, 2>(args, hip_stream);
   }
 #endif
