@@ -19,6 +19,7 @@ import torch
 
 import dsv4ops
 from dsv4ops import Fp8Format, wo_a
+from dsv4ops.reference import fp8 as reference_fp8
 from dsv4ops.reference import wo_a as reference
 
 from conftest import DEVICES, assert_bytes_equal
@@ -547,7 +548,7 @@ def test_opcheck_vendor_op(monkeypatch, device):
     monkeypatch.setattr(wo_a, "_vendor_ready", set())
     x, x_scale = quantized_activation(4, 2, 4096, seed=13)
     w, w_scale = quantized_weight(2, 128, 4096, seed=14)
-    w_scale_factors = torch.pow(2.0, w_scale.view(torch.uint8) - 127.0)
+    w_scale_factors = reference_fp8.ue8m0_to_float(w_scale)
     args = tuple(t.to(device) for t in (x, w, x_scale, w_scale, w_scale_factors)) + (torch.bfloat16,)
     torch.library.opcheck(torch.ops.dsv4_vendor.block_scaled_bmm.default, args,
                           test_utils=("test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic"))
@@ -1336,13 +1337,14 @@ def test_gpu_bmm_large_m(m, groups, reduced_sums):
 
 @gpu
 @pytest.mark.parametrize("groups,m,k_blocks", [(1, 1, 36), (1, 13, 36), (2, 16, 12), (1, 200, 36), (4, 3, 12),
-                                               (4, 64, 20), (8, 40, 4)])
+                                               (4, 64, 20), (8, 40, 4), (1, 40, 36), (2, 33, 12)])
 def test_gpu_bmm_split_k_uneven_shares(groups, m, k_blocks):
     """The split-K kernels' warps take K blocks w, w + 8, ...: K depths whose block count is not a multiple
     of the warps (or of the K blocks a warp keeps in flight) leave warps with fewer blocks, or none (K is a
-    multiple of 512 here, as the quantizer of the activations needs); both
-    of sm_90's staged grids (16 columns a block at one block per SM or less, 32 above) and the few-tiles
-    case at M = 200; against the fp64 reference and the CPU kernel (fp32 sums in another order)."""
+    multiple of 512 here, as the quantizer of the activations needs); sm_90's staged grids (16 columns a block
+    at one block per SM or less, 32 above; two 16-row tiles a block at G = 1, M = 40 and G = 2, M = 33, the
+    second tile partly past M) and the few-tiles case at M = 200; against the fp64 reference and the CPU kernel
+    (fp32 sums in another order)."""
     n, k = 1024, 128 * k_blocks
     w, w_scale = quantized_weight(groups, n, k, seed=k_blocks)
     x, x_scale = quantized_activation(m, groups, k, seed=m + k_blocks)

@@ -22,7 +22,7 @@ from typing import Optional, Tuple
 import torch
 
 from . import dispatch
-from .fp8 import e4m3fn_to_fnuz, float_to_ue8m0_lossless, fp8_block_dequantize
+from .fp8 import e4m3fn_to_fnuz, float_to_ue8m0_lossless, fp8_block_dequantize, ue8m0_to_float
 from .platform import Fp8Format, format_and_quant_max
 from .reference import fp8 as reference_fp8
 from .reference import wo_a as reference
@@ -110,12 +110,10 @@ def _vendor_block_scaled_bmm(x: torch.Tensor, w: torch.Tensor, x_scale: torch.Te
     2^(w_scale - 127), converted once), each group's product written straight into its columns of the [M, G, N] result
     (H200, N = 1024, K = 4096, M = 16384: 7-9% faster than stacking them at G = 2, 8 and 16; the same bits). M a
     multiple of VENDOR_ROW_MULTIPLE."""
-    rows, groups, blocks = x_scale.shape
-    # The row scales in two kernels, whatever G: converted into a group-major buffer, where group g's (M, K/128) scale
-    # is the column-major view cuBLAS reads (a copy per group cost a kernel per group, replayed from a graph too).
-    sx = torch.empty((groups, blocks, rows), device=x.device, dtype=torch.float32)
-    torch.sub(x_scale.view(torch.uint8).permute(1, 2, 0), 127.0, out=sx)
-    torch.pow(2.0, sx, out=sx)
+    rows, groups = x_scale.shape[:2]
+    # The row scales in two kernels, whatever G: the bytes copied group-major, then converted; group g's (M, K/128)
+    # scale is then the column-major view cuBLAS reads (a copy per group cost a kernel per group, replayed too).
+    sx = ue8m0_to_float(x_scale.permute(1, 2, 0))
     result = torch.empty(rows, groups, w.shape[1], device=x.device, dtype=out_dtype)
     for g in range(groups):
         torch._scaled_mm(x[:, g], w[g].t(), scale_a=sx[g].t(), scale_b=w_scale_factors[g].t(), out_dtype=out_dtype,
@@ -399,7 +397,7 @@ def prepare_wo_a(weight: torch.Tensor, weight_scale: Optional[torch.Tensor], n_g
     # The vendor GEMM's weight scales (OCP plans: the only ones it serves), converted here, once: a conversion per
     # forward would cost its kernels in every call, and one made lazily inside a CUDA-graph capture would hold no
     # values until the graph is replayed.
-    factors = torch.pow(2.0, grouped_scale - 127.0) if fmt is Fp8Format.OCP else None
+    factors = ue8m0_to_float(grouped_scale) if fmt is Fp8Format.OCP else None
     return WoAPlan(path="fp8", reason=None, weight_scale=grouped_scale, weight_scale_factors=factors, fp8_format=fmt,
                    quant_max=qmax, **plan_args)
 
