@@ -41,6 +41,7 @@ def _clean_dispatch_env(monkeypatch):
     monkeypatch.delenv("DSV4OPS_DISABLE", raising=False)
     monkeypatch.delenv("DSV4OPS_FORCE", raising=False)
     dsv4ops.dispatch.reset_fallbacks()
+    dsv4ops.dispatch.forget_decisions()
     yield
 
 

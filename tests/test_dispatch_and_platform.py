@@ -116,6 +116,49 @@ def test_force_beats_disable_and_unsupported_raises(monkeypatch):
         dsv4ops.fp8_encode(torch.zeros(2, dtype=torch.float16))
 
 
+def test_eager_decisions_follow_the_environment_the_arch_and_the_call(simulate_arch, monkeypatch):
+    """Eager decisions are kept between calls (an eager decode call spent more time deciding than launching);
+    the environment variables and the device's arch are read on every call, and each call's own check runs."""
+    assert dispatch.decide("fp8_encode", "cpu").uses_kernel
+    monkeypatch.setenv("DSV4OPS_DISABLE", "fp8_encode")
+    assert dispatch.decide("fp8_encode", "cpu").reason == "disabled by DSV4OPS_DISABLE"
+    monkeypatch.setenv("DSV4OPS_FORCE", "fp8_encode")
+    refused = dispatch.decide("fp8_encode", "cpu", lambda: "too big", raise_if_forced=False)
+    assert refused.trail == ("selected: yes (forced by DSV4OPS_FORCE)", "built: yes (cpu)", "supported: no (too big)",
+                             "-> a call raises (forced by DSV4OPS_FORCE): too big")
+    with pytest.raises(RuntimeError, match="forced by DSV4OPS_FORCE but its kernel cannot run on cpu"):
+        dispatch.decide("fp8_encode", "cpu", lambda: "too big")
+    monkeypatch.delenv("DSV4OPS_FORCE")
+    monkeypatch.delenv("DSV4OPS_DISABLE")
+    unsupported = dispatch.decide("fp8_encode", "cpu", lambda: "too big")
+    assert unsupported.reason == "too big"
+    assert unsupported.trail == ("selected: yes", "built: yes (cpu)", "supported: no (too big)",
+                                 "-> reference: too big")
+    assert dispatch.decide("fp8_encode", "cpu", lambda: None) == dispatch.decide("fp8_encode", "cpu")
+    assert dispatch.decide("fp8_encode", "cpu").trail == ("selected: yes", "built: yes (cpu)", "supported: yes",
+                                                          "-> kernel")
+    simulate_arch("gfx942", built_archs=["sm_90a"])
+    assert "no kernel built for gfx942" in dispatch.decide("fp8_encode", "cpu").reason
+    simulate_arch("gfx942", built_archs=["gfx942"])
+    assert dispatch.decide("fp8_encode", "cpu").trail[1] == "built: yes (gfx942)"
+
+
+def test_the_op_registry_is_asked_once_until_decisions_are_forgotten(monkeypatch):
+    """Whether an op registers a kernel for the device's dispatch key is asked once per op and device, and again
+    after forget_decisions() (for a kernel registered at run time)."""
+    asked = []
+    monkeypatch.setattr(torch._C, "_dispatch_has_kernel_for_dispatch_key",
+                        lambda name, key, query=torch._C._dispatch_has_kernel_for_dispatch_key: asked.append(name)
+                        or query(name, key))
+    for _ in range(3):
+        assert dispatch.decide("inverse_rope", "cpu").uses_kernel
+    assert dispatch.decide("fp8_encode", "cpu").uses_kernel
+    assert asked == ["dsv4::inverse_rope", "dsv4::fp8_encode"]
+    dispatch.forget_decisions()
+    assert dispatch.decide("inverse_rope", "cpu").uses_kernel
+    assert asked == ["dsv4::inverse_rope", "dsv4::fp8_encode", "dsv4::inverse_rope"]
+
+
 def test_a_compiled_fallback_does_not_recompile_per_call(monkeypatch):
     """The fallback counter is not bumped inside a compiled graph: Dynamo guards on the counter's value, so each
     call compiled anew (and fullgraph failed at the recompile limit, on the ninth call)."""

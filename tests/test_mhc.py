@@ -653,7 +653,6 @@ class _RecordingAdapter:
 def test_simulated_gfx942_picks_aiter_then_reference_and_logs(monkeypatch, caplog):
     """On a (simulated) gfx942 without a gfx942 kernel: AITER when its module and adapter exist, else the
     reference, each with its reason logged once."""
-    monkeypatch.setattr(mhc_module.platform, "device_arch", lambda device: "gfx942")
     monkeypatch.setattr(mhc_module.dispatch.platform, "device_arch", lambda device: "gfx942")
     monkeypatch.setattr(mhc_module.importlib.util, "find_spec", lambda name: object())
     mhc_module.dispatch.reset_fallbacks()  # the backends' messages are logged once per reason
@@ -685,7 +684,6 @@ def test_simulated_gfx942_picks_aiter_then_reference_and_logs(monkeypatch, caplo
 
 def test_disable_sends_mhc_to_the_reference_not_an_external_backend(monkeypatch):
     """DSV4OPS_DISABLE means the reference for mHC as for every op, even where an external backend would serve."""
-    monkeypatch.setattr(mhc_module.platform, "device_arch", lambda device: "gfx950")
     monkeypatch.setattr(mhc_module.dispatch.platform, "device_arch", lambda device: "gfx950")
     monkeypatch.setattr(mhc_module.importlib.util, "find_spec", lambda name: object())
     monkeypatch.setenv("DSV4OPS_DISABLE", "mhc_pre")
@@ -804,7 +802,6 @@ def test_wrappers_compile_fullgraph():
 
 def test_adapter_without_the_op_is_passed_over(monkeypatch):
     """An AITER adapter has no hc_head: on a simulated gfx942 the head then goes to the reference."""
-    monkeypatch.setattr(mhc_module.platform, "device_arch", lambda device: "gfx942")
     monkeypatch.setattr(mhc_module.dispatch.platform, "device_arch", lambda device: "gfx942")
     monkeypatch.setattr(mhc_module.importlib.util, "find_spec", lambda name: object())
     adapter = _RecordingAdapter()  # has mhc_pre only

@@ -6,7 +6,9 @@ For each op and call, in order:
   2. built     -- the build has a kernel for the tensor's device and this op registers one for it (the CPU
                   kernels are always built);
   3. supported -- the op's own check of this call (shape, dtype) passes.
-A fallback is logged once per (op, reason) on the 'dsv4ops' logger and counted (fallback_counts()).
+A fallback is logged once per (op, reason) on the 'dsv4ops' logger and counted (fallback_counts()). Eager calls read
+the environment variables and the device's arch every time, and ask the op registry once per op and device (again
+after forget_decisions()).
 explain(op, device) returns the decision with its trail without running anything.
 """
 
@@ -35,7 +37,8 @@ _DISPATCH_KEYS = {"cuda": "CUDA", "cpu": "CPU"}
 
 
 # A fact of the build, taken as a constant by torch.compile (which cannot trace the query) and not re-checked in a
-# compiled graph: a registration made after compiling takes effect from the next compile.
+# compiled graph, nor (see _decided) by later eager calls: a registration made after the op's first call takes
+# effect after forget_decisions() (and, in a compiled graph, from the next compile).
 @torch.compiler.assume_constant_result
 def _has_kernel(op: str, key: str) -> bool:
     """Whether the op has a kernel registered for the dispatch key (an op without a GPU kernel in this
@@ -57,8 +60,12 @@ class Decision:
         return self.path == KERNEL
 
 
+def _names(value: str) -> set:
+    return {part.strip() for part in value.split(",") if part.strip()}
+
+
 def _env_ops(name: str) -> set:
-    return {part.strip() for part in os.environ.get(name, "").split(",") if part.strip()}
+    return _names(os.environ.get(name, ""))
 
 
 def _named(op: str, names: set) -> bool:
@@ -70,6 +77,52 @@ def disabled(op: str) -> bool:
     return _named(op, _env_ops("DSV4OPS_DISABLE"))
 
 
+# Decisions before a call's own check, keyed by all they depend on but the op registry (a fact of the build): an
+# eager decode-sized call spent more time deciding its path than launching its kernel. Filled by eager calls only
+# (a dict that a compiled graph reads would be guarded on, and each new entry would recompile it).
+_decided: dict = {}
+
+
+def _refuse(op: str, device: torch.device, arch: str, reason: str, trail: list, forced: bool,
+            raise_if_forced: bool) -> Decision:
+    if forced and not raise_if_forced:
+        trail.append(f"-> a call raises (forced by DSV4OPS_FORCE): {reason}")
+        return Decision(op, str(device), arch, REFERENCE, reason, tuple(trail))
+    if forced:
+        built = ", ".join(platform.BUILD_INFO["gpu_archs"]) or "none (CPU-only build)"
+        raise RuntimeError(
+            f"dsv4ops: {op} is forced by DSV4OPS_FORCE but its kernel cannot run on {device} ({arch}): "
+            f"{reason}. This build ({platform.BUILD_INFO['backend']}) has GPU archs: {built}. "
+            f"Rebuild with: {platform.rebuild_command(arch)}"
+        )
+    trail.append(f"-> reference: {reason}")
+    return Decision(op, str(device), arch, REFERENCE, reason, tuple(trail))
+
+
+def _decide_for_any_call(op: str, device: torch.device, arch: str, built: Optional[str], disable: str, force: str,
+                         raise_if_forced: bool) -> Decision:
+    """The reference's decision if the op cannot run here whatever the call; else the kernel's, its trail ending
+    with the two lines of a passed check ('supported: yes', '-> kernel')."""
+    trail = []
+    forced = _named(op, _names(force))
+    if _named(op, _names(disable)) and not forced:
+        trail.append("selected: no (DSV4OPS_DISABLE)")
+        return _refuse(op, device, arch, "disabled by DSV4OPS_DISABLE", trail, forced, raise_if_forced)
+    trail.append("selected: yes" + (" (forced by DSV4OPS_FORCE)" if forced else ""))
+    if built is None:
+        trail.append(f"built: no kernel for {arch}")
+        reason = (f"no kernel built for {arch} (backend {platform.BUILD_INFO['backend']}, "
+                  f"archs {platform.BUILD_INFO['gpu_archs'] or 'none'})")
+        return _refuse(op, device, arch, reason, trail, forced, raise_if_forced)
+    key = _DISPATCH_KEYS.get(device.type)
+    if key is not None and not _has_kernel(op, key):
+        trail.append(f"built: no {key} kernel for {op}")
+        return _refuse(op, device, arch, f"this build registers no {key} kernel for {op}", trail, forced,
+                       raise_if_forced)
+    trail += [f"built: yes ({built})", "supported: yes", "-> kernel"]
+    return Decision(op, str(device), arch, KERNEL, None, tuple(trail))
+
+
 def decide(op: str, device, supported: Optional[Callable[[], Optional[str]]] = None,
            raise_if_forced: bool = True) -> Decision:
     """Decide the path for `op` on `device`; `supported()` returns None or the reason it cannot run. An op that
@@ -77,49 +130,22 @@ def decide(op: str, device, supported: Optional[Callable[[], Optional[str]]] = N
     decision is the reference, its trail saying that a call would raise."""
     device = torch.device(device)
     arch = platform.device_arch(device)
-    trail = []
-    forced = _named(op, _env_ops("DSV4OPS_FORCE"))
-
-    def fallback(reason: str) -> Decision:
-        if forced and not raise_if_forced:
-            trail.append(f"-> a call raises (forced by DSV4OPS_FORCE): {reason}")
-            return Decision(op, str(device), arch, REFERENCE, reason, tuple(trail))
-        if forced:
-            built = ", ".join(platform.BUILD_INFO["gpu_archs"]) or "none (CPU-only build)"
-            raise RuntimeError(
-                f"dsv4ops: {op} is forced by DSV4OPS_FORCE but its kernel cannot run on {device} ({arch}): "
-                f"{reason}. This build ({platform.BUILD_INFO['backend']}) has GPU archs: {built}. "
-                f"Rebuild with: {platform.rebuild_command(arch)}"
-            )
-        trail.append(f"-> reference: {reason}")
-        return Decision(op, str(device), arch, REFERENCE, reason, tuple(trail))
-
-    if disabled(op) and not forced:
-        trail.append("selected: no (DSV4OPS_DISABLE)")
-        return fallback("disabled by DSV4OPS_DISABLE")
-    trail.append("selected: yes" + (" (forced by DSV4OPS_FORCE)" if forced else ""))
-
     built = platform.built_arch_for(arch)
-    if built is None:
-        trail.append(f"built: no kernel for {arch}")
-        return fallback(
-            f"no kernel built for {arch} (backend {platform.BUILD_INFO['backend']}, "
-            f"archs {platform.BUILD_INFO['gpu_archs'] or 'none'})"
-        )
-    key = _DISPATCH_KEYS.get(device.type)
-    if key is not None and not _has_kernel(op, key):
-        trail.append(f"built: no {key} kernel for {op}")
-        return fallback(f"this build registers no {key} kernel for {op}")
-    trail.append(f"built: yes ({built})")
-
-    if supported is not None:
-        reason = supported()
-        if reason is not None:
-            trail.append(f"supported: no ({reason})")
-            return fallback(reason)
-    trail.append("supported: yes")
-    trail.append("-> kernel")
-    return Decision(op, str(device), arch, KERNEL, None, tuple(trail))
+    disable, force = os.environ.get("DSV4OPS_DISABLE", ""), os.environ.get("DSV4OPS_FORCE", "")
+    key = (op, device, arch, built, disable, force, raise_if_forced)
+    compiling = torch.compiler.is_compiling()
+    decision = None if compiling else _decided.get(key)
+    if decision is None:
+        decision = _decide_for_any_call(op, device, arch, built, disable, force, raise_if_forced)
+        if not compiling:
+            _decided[key] = decision
+    if not decision.uses_kernel or supported is None:
+        return decision
+    reason = supported()
+    if reason is None:
+        return decision
+    trail = list(decision.trail[:-2]) + [f"supported: no ({reason})"]
+    return _refuse(op, device, arch, reason, trail, _named(op, _names(force)), raise_if_forced)
 
 
 def log_once(key, level: int, message: str, *args) -> None:
@@ -173,3 +199,9 @@ def fallback_counts() -> dict:
 def reset_fallbacks() -> None:
     _fallbacks.clear()
     _logged.clear()
+
+
+def forget_decisions() -> None:
+    """Makes the next eager call of each op ask the op registry again (after a kernel is registered for a dsv4 op
+    at run time). The environment variables, the device's arch and the build's archs are read on every call."""
+    _decided.clear()

@@ -17,12 +17,14 @@ from .platform import Fp8Format, format_and_quant_max, fp8_format as device_fp8_
 from .reference import kv_cache as reference
 
 
-
-
 # The index helpers of spec §9.3-§9.4 are tensor code with no host sync: they serve as they are on every
 # device and under graph capture, so there is no kernel for them.
 compute_global_topk_indices_and_lens = reference.compute_global_topk_indices_and_lens
 combine_topk_swa_indices = reference.combine_topk_swa_indices
+
+
+def _int64_positions(position_ids: torch.Tensor) -> torch.Tensor:
+    return position_ids.long() if position_ids.dtype == torch.int32 else position_ids
 
 
 def qnorm_rope_kv_insert(q_in: torch.Tensor, kv: torch.Tensor, k_cache: torch.Tensor, slot_mapping: torch.Tensor,
@@ -39,7 +41,7 @@ def qnorm_rope_kv_insert(q_in: torch.Tensor, kv: torch.Tensor, k_cache: torch.Te
     Tokens whose position lies outside the cos/sin table get zero Q rows and no KV write."""
     fmt, qmax = format_and_quant_max(k_cache.device, fp8_format, quant_max)
     hp = int(q_head_padded) if q_head_padded is not None else q_in.shape[1]
-    positions = position_ids.long() if position_ids.dtype == torch.int32 else position_ids
+    positions = _int64_positions(position_ids)
     if dispatch.choose("qnorm_rope_kv_insert", q_in.device).uses_kernel:
         args = (q_in, kv, k_cache, slot_mapping, positions, cos_sin_cache, hp, float(eps), int(cache_block_size),
                 bool(apply_q_norm), int(fmt), qmax)
@@ -61,7 +63,7 @@ def kv_rope_quant_insert(kv: torch.Tensor, k_cache: torch.Tensor, slot_mapping: 
     """The KV branch of qnorm_rope_kv_insert alone (spec/kv_cache.md §6): GPT-J RoPE on kv [N, 512], bf16
     round, UE8M0 FP8 record at slot_mapping[t] (one slot per token). Returns k_cache."""
     fmt, qmax = format_and_quant_max(k_cache.device, fp8_format, quant_max)
-    positions = position_ids.long() if position_ids.dtype == torch.int32 else position_ids
+    positions = _int64_positions(position_ids)
     if dispatch.choose("kv_rope_quant_insert", kv.device).uses_kernel:
         torch.ops.dsv4.kv_rope_quant_insert(kv, k_cache, slot_mapping, positions, cos_sin_cache,
                                             int(cache_block_size), int(fmt), qmax)
@@ -69,10 +71,6 @@ def kv_rope_quant_insert(kv: torch.Tensor, k_cache: torch.Tensor, slot_mapping: 
         reference.kv_rope_quant_insert(kv, k_cache, slot_mapping, positions, cos_sin_cache, int(cache_block_size),
                                        fmt, qmax)
     return k_cache
-
-
-def _int64_positions(position_ids: torch.Tensor) -> torch.Tensor:
-    return position_ids.long() if position_ids.dtype == torch.int32 else position_ids
 
 
 def kv_norm_rope_quant_insert(kv: torch.Tensor, norm_weight: torch.Tensor, k_cache: torch.Tensor,

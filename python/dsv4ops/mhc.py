@@ -24,7 +24,7 @@ from typing import Callable, Dict, Optional, Sequence
 
 import torch
 
-from . import dispatch, platform
+from . import dispatch
 from .reference import mhc as reference
 
 
@@ -131,8 +131,8 @@ def _choose(op: str, residual: torch.Tensor, tensors: Sequence[Optional[torch.Te
     if fit is None and norm_weight is not None and norm_weight.dtype != torch.bfloat16:
         fit = f"the kernel takes a bf16 norm_weight, got {norm_weight.dtype}"
     decision = dispatch.decide(op, residual.device, lambda: fit)
-    arch = platform.device_arch(residual.device)
-    if dispatch.disabled(op) and not decision.uses_kernel:  # DSV4OPS_DISABLE means the reference, as for every op
+    arch = decision.arch
+    if not decision.uses_kernel and dispatch.disabled(op):  # DSV4OPS_DISABLE means the reference, as for every op
         choice = Choice("reference", (decision.reason,))
     else:
         hidden = residual.shape[2] if residual.dim() == 3 else 0

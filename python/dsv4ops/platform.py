@@ -73,7 +73,7 @@ def build_info() -> dict:
 
 def _device(device) -> torch.device:
     device = torch.device(device)
-    if device.type == "cuda" and device.index is None:
+    if device.index is None and device.type == "cuda":  # the index first: reading .type makes a new string
         device = torch.device("cuda", torch.cuda.current_device())
     return device
 
@@ -93,12 +93,12 @@ def fact_of_the_machine(function):
 
 
 @fact_of_the_machine
-def _arch_of(device_type: str, index: int | None) -> str:
-    if device_type == "cpu":
+def _arch_of(device: torch.device) -> str:
+    if device.type == "cpu":
         return "cpu"
-    if device_type != "cuda":
-        return device_type
-    props = torch.cuda.get_device_properties(index)
+    if device.type != "cuda":
+        return device.type
+    props = torch.cuda.get_device_properties(device.index)
     if torch.version.hip:
         return props.gcnArchName.split(":")[0]
     return f"sm_{props.major}{props.minor}"
@@ -106,8 +106,7 @@ def _arch_of(device_type: str, index: int | None) -> str:
 
 def device_arch(device) -> str:
     """'cpu', 'gfx942', 'gfx950', 'sm_90', ... for a device (or anything torch.device accepts)."""
-    device = _device(device)
-    return _arch_of(device.type, device.index)
+    return _arch_of(_device(device))
 
 
 def fp8_format(device) -> Fp8Format:
